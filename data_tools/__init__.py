@@ -1,0 +1,1 @@
+"""rnntrain-data: preprocessing tools (synth, inspect, convert, shard, audio)."""

@@ -1,0 +1,124 @@
+"""``rnntrain`` command line: train, eval, decode.
+
+User mistakes (UserError, a ValueError) print one line and exit 2, without a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .errors import UserError
+
+
+def _cmd_train(args) -> int:
+    from .config import load_config
+    from .train import train
+    cfg = load_config(args.config, args.overrides)
+    train(cfg, args.config, args.overrides, resume=args.resume)
+    return 0
+
+
+def _load_for_eval(checkpoint: str, data: str, device: str):
+    import torch
+    from . import checkpoint as ckpt
+    from .config import config_from_dict
+    from .dataset import Dataset
+    from .errors import DataError
+    from .model import build_model
+    from .train import pick_device
+    ck = ckpt.load(checkpoint)
+    cfg = config_from_dict(ck["config"])
+    ds = Dataset.open(data, cfg.data.chunk_frames)
+    if ds.input_size != ck["input_size"]:
+        raise DataError(data, f"inputPattSize {ds.input_size} differs from the checkpoint's "
+                              f"({ck['input_size']})")
+    if ds.labels != ck["labels"]:
+        raise DataError(data, "alphabet differs from the checkpoint's", var="labels")
+    dev = pick_device(device)
+    model = build_model(cfg.model, ck["input_size"], len(ck["labels"]))
+    model.load_state_dict(ck["model"])
+    model.to(dev)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    return cfg, ds, model, dev
+
+
+def _cmd_eval(args) -> int:
+    from .evaluate import evaluate
+    cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device)
+    keep = ds.feasible(cfg.model.subsample)
+    counts = evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev,
+                      beam=args.beam)
+    out = {k: c.summary() for k, c in counts.items()}
+    if args.json:
+        print(json.dumps(out if args.beam else out["best"]))
+    else:
+        for k, s in out.items():
+            name = "best path" if k == "best" else f"beam {args.beam}"
+            print(f"{name:>10}: LER {s['ler']:.4f} (sub {s['sub']:.4f}, del {s['del']:.4f}, "
+                  f"ins {s['ins']:.4f}), sequence error {s['seq_error']:.4f}, CTC loss "
+                  f"{s['loss']:.4f}, {s['seqs']} sequences, {s['skipped']} skipped")
+    return 0
+
+
+def _cmd_decode(args) -> int:
+    from .evaluate import evaluate
+    cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device)
+    keep = ds.feasible(cfg.model.subsample)
+    hyps: dict[int, list[int]] = {}
+    evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev, beam=args.beam,
+             on_hyp=lambda s, h: hyps.__setitem__(s, h))
+    out = open(args.out, "w") if args.out else sys.stdout
+    try:
+        for i in range(ds.num_seqs):
+            hyp = " ".join(ds.labels[k] for k in hyps[i]) if i in hyps else "<skipped: too short>"
+            out.write(f"{ds.tag(i)}\t{hyp}\n")
+    finally:
+        if args.out:
+            out.close()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rnntrain", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train", help="train from a TOML config",
+                       description="Train from a TOML config. Overrides: section.key=value.")
+    t.add_argument("config")
+    t.add_argument("overrides", nargs="*", help="section.key=value (TOML values)")
+    t.add_argument("--resume", nargs="?", const="auto", default=None,
+                   help="continue from a checkpoint: a path, or 'auto' (newest in run.dir)")
+    for name, hlp in (("eval", "score a checkpoint on a dataset"),
+                      ("decode", "print tag and hypothesis per sequence")):
+        e = sub.add_parser(name, help=hlp)
+        e.add_argument("checkpoint")
+        e.add_argument("data", help=".nc file or dataset manifest")
+        e.add_argument("--beam", type=int, default=0, help="prefix beam search width (0 = off)")
+        e.add_argument("--device", default="cpu")
+        e.add_argument("--batch-frames", type=int, default=0)
+        if name == "eval":
+            e.add_argument("--json", action="store_true")
+        else:
+            e.add_argument("--out", help="write here instead of stdout")
+    return p
+
+
+def main(argv=None) -> int:
+    args, extra = build_parser().parse_known_args(argv)
+    if args.cmd == "train":
+        # `--section.key=value` overrides look like options to argparse
+        bad = [a for a in extra if not (a.startswith("--") and "=" in a and "." in a)]
+        if bad:
+            build_parser().error(f"unrecognized arguments: {' '.join(bad)}")
+        args.overrides = list(args.overrides) + extra
+    elif extra:
+        build_parser().error(f"unrecognized arguments: {' '.join(extra)}")
+    handler = {"train": _cmd_train, "eval": _cmd_eval, "decode": _cmd_decode}[args.cmd]
+    try:
+        return handler(args)
+    except UserError as e:
+        print(f"rnntrain {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"rnntrain {args.cmd}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,132 @@
+"""Datasets: per-sequence metadata in memory, frames on disk in chunks.
+
+A dataset is either one RNNLIB ``.nc`` file, served as *virtual chunks* of contiguous
+sequences of about ``chunk_frames`` frames, or a manifest written by ``rnntrain-data
+shard`` (chunk files grouped into shards). Either way the trainer sees the same thing:
+global sequence ids 0..N-1 with lengths, targets and tags, and a list of chunks, each a
+contiguous row range of one file. Plans are made from this metadata alone
+(``rnntrain.plan``); frames are read only by ``load_chunk``, on the reader thread.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import ncdata
+from .errors import DataError, UserError
+from .model import min_frames
+
+
+@dataclass
+class Chunk:
+    """Sequences ``seqs`` (global ids, file order) = rows [row_start, row_stop) of ``path``."""
+    path: str
+    seqs: np.ndarray
+    row_start: int
+    row_stop: int
+    first: int                   # index in the file of the first sequence
+    sha256: str = ""             # verified on load when set (manifests)
+    nbytes: int = 0
+
+    @property
+    def frames(self) -> int:
+        return self.row_stop - self.row_start
+
+
+@dataclass
+class Dataset:
+    source: str
+    labels: list[str]
+    input_size: int
+    lengths: np.ndarray          # (N,) frames
+    targets: list[np.ndarray]    # N label-index arrays
+    tags: list[str]
+    chunks: list[Chunk]
+    shards: list[list[int]]      # chunk indices of each shard
+    within: str = "sorted"       # "sorted" (ours) or "shuffle" (the RNNLIB recipe)
+    _headers: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.labels)
+
+    @property
+    def target_lengths(self) -> np.ndarray:
+        return np.array([len(t) for t in self.targets], dtype=np.int64)
+
+    def tag(self, i: int) -> str:
+        return self.tags[i] or f"#{i}"
+
+    def feasible(self, subsample: int = 1) -> np.ndarray:
+        """(N,) bool: the sequence is long enough (after stacking) for its CTC target."""
+        out_len = (self.lengths + subsample - 1) // subsample
+        need = np.array([min_frames(t) for t in self.targets], dtype=np.int64)
+        return out_len >= need
+
+    def load_chunk(self, k: int) -> dict[int, np.ndarray]:
+        """Read chunk k → {sequence id: (T_i, F) float32}. Call from the reader thread only."""
+        c = self.chunks[k]
+        if c.sha256:
+            from .manifest import verify_chunk
+            verify_chunk(c)
+        rows = ncdata.read_rows(c.path, c.row_start, c.row_stop)
+        # offsets relative to the chunk; the sequences are contiguous in the file
+        lens = self.lengths[c.seqs]
+        offs = np.concatenate([[0], np.cumsum(lens)])
+        if offs[-1] != len(rows):
+            raise DataError(c.path, f"chunk rows {c.row_start}:{c.row_stop} do not match the "
+                                    f"sequence lengths ({offs[-1]} frames)", var="inputs")
+        if not np.isfinite(rows).all():
+            bad = int(np.flatnonzero(~np.isfinite(rows).all(axis=1))[0])
+            j = int(np.searchsorted(offs, bad, side="right") - 1)
+            raise DataError(c.path, f"NaN or Inf in frame {bad - offs[j]}", var="inputs",
+                            seq=c.first + j, tag=self.tags[c.seqs[j]])
+        return {int(s): rows[offs[j]:offs[j + 1]] for j, s in enumerate(c.seqs)}
+
+    @staticmethod
+    def open(path: str, chunk_frames: int = 2_000_000) -> "Dataset":
+        p = Path(path)
+        if p.is_dir() and (p / "manifest.json").is_file():
+            p = p / "manifest.json"
+        if p.suffix == ".json":
+            from .manifest import open_manifest
+            return open_manifest(p)
+        if not p.exists():
+            raise UserError(f"{path}: data file not found")
+        return from_nc(str(p), chunk_frames)
+
+
+def virtual_chunks(path: str, lengths: np.ndarray, chunk_frames: int, first_id: int = 0,
+                   row0: int = 0) -> list[Chunk]:
+    """Split a file's sequences into contiguous chunks of about ``chunk_frames`` frames."""
+    chunks, start, frames, row = [], 0, 0, row0
+    for i, n in enumerate(lengths.tolist()):
+        frames += n
+        if frames >= chunk_frames or i == len(lengths) - 1:
+            ids = np.arange(first_id + start, first_id + i + 1)
+            chunks.append(Chunk(path, ids, row, row + frames, start))
+            row, start, frames = row + frames, i + 1, 0
+    return chunks
+
+
+def from_nc(path: str, chunk_frames: int) -> Dataset:
+    h = ncdata.read_header(path)
+    chunks = virtual_chunks(path, h.lengths, chunk_frames)
+    return Dataset(path, h.labels, h.input_size, h.lengths, h.targets, h.tags, chunks,
+                   [list(range(len(chunks)))])
+
+
+def check_compatible(a: Dataset, b: Dataset, what: str):
+    """Validation/test data must share the training alphabet and input size."""
+    if a.input_size != b.input_size:
+        raise DataError(b.source, f"inputPattSize {b.input_size} differs from {what} "
+                                  f"{a.source} ({a.input_size})")
+    if a.labels != b.labels:
+        raise DataError(b.source, f"alphabet differs from {what} {a.source} "
+                                  f"({b.labels[:10]} vs {a.labels[:10]})", var="labels")

@@ -1,0 +1,123 @@
+"""The LSTM-CTC network: frame stacking, stacked (bi)directional LSTM, linear, log-softmax.
+
+Shapes: T frames, N sequences, F input features, H hidden units per direction,
+C = numLabels + 1 classes (blank last, as in RNNLIB), S target labels.
+
+Layers are separate single-layer ``nn.LSTM`` modules rather than one multi-layer module so
+that dropout between layers draws from a generator we pass in (one per task): the result
+does not depend on which worker thread ran the task.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+
+def stack_frames(x: torch.Tensor, lengths: torch.Tensor, k: int):
+    """Stack k consecutive frames into one. x: (T, N, F) → (ceil(T/k), N, k*F).
+
+    Lengths become ceil(len/k); the last, partial group is zero-padded.
+    """
+    if k == 1:
+        return x, lengths
+    t, n, f = x.shape
+    pad = (-t) % k
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad, n, f)])
+    x = x.reshape((t + pad) // k, k, n, f).permute(0, 2, 1, 3).reshape((t + pad) // k, n, k * f)
+    return x, (lengths + k - 1) // k
+
+
+class CTCModel(nn.Module):
+    def __init__(self, input_size: int, num_labels: int, layers: int = 2, hidden: int = 128,
+                 bidirectional: bool = True, subsample: int = 1, cell: str = "lstm",
+                 dropout: float = 0.0):
+        super().__init__()
+        self.input_size, self.num_classes, self.subsample = input_size, num_labels + 1, subsample
+        self.dropout = dropout
+        self.blank = num_labels
+        dirs = 2 if bidirectional else 1
+        size = input_size * subsample
+        self.rnns = nn.ModuleList()
+        for _ in range(layers):
+            if cell == "lstm":
+                self.rnns.append(nn.LSTM(size, hidden, bidirectional=bidirectional))
+            else:
+                from .peephole import PeepholeLSTM
+                self.rnns.append(PeepholeLSTM(size, hidden, bidirectional=bidirectional))
+            size = hidden * dirs
+        self.out = nn.Linear(size, self.num_classes)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor,
+                generator: torch.Generator | None = None):
+        """x: (T, N, F) zero-padded, lengths: (N,) int64 on CPU.
+
+        Returns log-probabilities (T', N, C) and output lengths (N,) with T' = ceil(T/k).
+        """
+        x, lengths = stack_frames(x, lengths, self.subsample)
+        for i, rnn in enumerate(self.rnns):
+            if i and self.dropout and self.training:
+                keep = 1.0 - self.dropout
+                mask = torch.empty(x.shape[1:], device="cpu").bernoulli_(keep, generator=generator)
+                x = x * (mask.to(x.device) / keep)  # one mask per sequence, shared over time
+            packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
+            x, _ = pad_packed_sequence(rnn(packed)[0], total_length=x.shape[0])
+        return F.log_softmax(self.out(x).float(), dim=-1), lengths
+
+
+def build_model(mcfg, input_size: int, num_labels: int) -> CTCModel:
+    return CTCModel(input_size, num_labels, mcfg.layers, mcfg.hidden, mcfg.bidirectional,
+                    mcfg.subsample, mcfg.cell, mcfg.dropout)
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def training_flops_per_frame(input_size, hidden, layers, bidirectional, num_classes) -> float:
+    """Useful multiply-adds ×2 ×3 (forward + backward ≈ 3× forward) per input frame."""
+    dirs = 2 if bidirectional else 1
+    macs, size = 0, input_size
+    for _ in range(layers):
+        macs += dirs * 4 * hidden * (size + hidden)
+        size = hidden * dirs
+    macs += size * num_classes
+    return 2.0 * 3.0 * macs
+
+
+def min_frames(target: "list[int] | torch.Tensor") -> int:
+    """Shortest input (after subsampling) that can emit ``target`` under CTC: S + repeats."""
+    t = list(map(int, target))
+    return len(t) + sum(1 for a, b in zip(t, t[1:]) if a == b)
+
+
+def ctc_loss_sum(log_probs: torch.Tensor, out_lengths: torch.Tensor, targets: list,
+                 blank: int) -> torch.Tensor:
+    """Summed CTC loss (nats) over the batch, computed in fp32.
+
+    log_probs: (T', N, C); out_lengths: (N,); targets: N int sequences (infeasible ones
+    must have been filtered: see ``min_frames``).
+    """
+    tl = torch.tensor([len(t) for t in targets], dtype=torch.long)
+    flat = torch.cat([torch.as_tensor(t, dtype=torch.long) for t in targets]) if int(tl.sum()) \
+        else torch.zeros(0, dtype=torch.long)
+    dev = log_probs.device
+    if dev.type == "cuda":
+        flat, tl = flat.to(dev, non_blocking=True), tl.to(dev, non_blocking=True)
+    return F.ctc_loss(log_probs.float(), flat, out_lengths, tl, blank=blank,
+                      reduction="sum", zero_infinity=False)
+
+
+def init_uniform(model: nn.Module, scale: float = 0.1, generator=None):
+    """RNNLIB's initialisation: every weight uniform in [-scale, scale]."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.uniform_(-scale, scale, generator=generator)
+
+
+def default_init_scale(hidden: int) -> float:
+    return 1.0 / math.sqrt(hidden)

@@ -1,0 +1,305 @@
+"""RNNLIB's NetCDF layout, read and written exactly.
+
+Layout (one file = one set of sequences):
+  dimensions  numSeqs, inputPattSize, numLabels (alphabet, no blank), numTimesteps (the
+              first dimension of ``inputs``; any name), optional numDims (must be 1), and
+              the widths of the char arrays (any names).
+  inputs(numTimesteps, inputPattSize)   any numeric type; sequences back to back.
+  seqLengths(numSeqs) or seqDims(numSeqs, numDims)   (seqDims is read first when present)
+  labels(numLabels, width), targetStrings(numSeqs, width)   0-terminated char rows
+              (netCDF-4 vlen strings are accepted on read); a target is a whitespace-
+              separated list of label names; the CTC blank is index numLabels.
+  seqTags(numSeqs, width)   optional sequence names.
+
+The NetCDF/HDF5 C libraries are not thread-safe: every call into netCDF4 in this process
+goes through ``NC_LOCK``. The chunk reader keeps payload reads on its own thread, so the
+lock is uncontended in training; it protects tools and tests that read from elsewhere.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .errors import DataError
+
+NC_LOCK = threading.RLock()
+
+FORMATS = ("NETCDF3_64BIT_OFFSET", "NETCDF3_CLASSIC", "NETCDF4", "NETCDF4_CLASSIC")
+
+
+def _nc():
+    import netCDF4  # imported lazily: keeps `--help` and planning fast
+    return netCDF4
+
+
+@dataclass
+class NcHeader:
+    """Everything about a file except the input frames (small; kept in memory).
+
+    lengths: (N,) int64 frames per sequence; offsets: (N+1,) first row of each sequence;
+    targets: N int32 arrays of label indices; tags: N names.
+    """
+    path: str
+    input_size: int
+    labels: list[str]
+    lengths: np.ndarray
+    targets: list[np.ndarray]
+    tags: list[str]
+    offsets: np.ndarray = field(init=False)
+
+    def __post_init__(self):
+        self.offsets = np.concatenate([[0], np.cumsum(self.lengths, dtype=np.int64)])
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def total_frames(self) -> int:
+        return int(self.offsets[-1])
+
+    def tag(self, i: int) -> str:
+        return self.tags[i] if self.tags[i] else f"#{i}"
+
+
+def _open(path, mode="r"):
+    path = str(path)
+    if mode == "r" and not os.path.exists(path):
+        raise DataError(path, "file not found")
+    try:
+        return _nc().Dataset(path, mode)
+    except OSError as e:  # netCDF4 says "[Errno -51] NetCDF: Unknown file format" etc.
+        raise DataError(path, f"cannot open as NetCDF ({e.strerror or e})") from None
+
+
+def _strings(ds, name: str, path: str, required: bool) -> list[str] | None:
+    """Read a 2-D 0-terminated char array (or a vlen string variable) as a list of str."""
+    if name not in ds.variables:
+        if required:
+            raise DataError(path, "missing variable", var=name)
+        return None
+    var = ds.variables[name]
+    var.set_auto_maskandscale(False)
+    if var.dtype is str or getattr(var.dtype, "kind", "") in "OU":
+        return [str(s) for s in var[:]]
+    if var.ndim != 2 or var.dtype.kind not in "SU":
+        raise DataError(path, f"expected a 2-D char array, got {var.dtype} with dimensions "
+                              f"{var.dimensions}", var=name)
+    var.set_auto_chartostring(False)
+    raw = np.asarray(var[:])
+    out = []
+    for row in raw.view(np.uint8).reshape(raw.shape[0], -1) if raw.dtype.kind == "S" else raw:
+        b = bytes(row)
+        out.append(b.split(b"\0", 1)[0].decode("utf-8", "replace"))
+    return out
+
+
+def read_header(path) -> NcHeader:
+    """Read and validate everything but the inputs. Raises DataError naming file/var/seq."""
+    path = str(path)
+    with NC_LOCK, _open(path) as ds:
+        dims = ds.dimensions
+        for d in ("numSeqs", "inputPattSize"):
+            if d not in dims:
+                raise DataError(path, f"missing dimension '{d}'")
+        if "numDims" in dims and dims["numDims"].size != 1:
+            raise DataError(path, f"numDims = {dims['numDims'].size}: only 1-D sequences "
+                                  "are supported (2-D data such as images is not)")
+        n, f = dims["numSeqs"].size, dims["inputPattSize"].size
+        if "inputs" not in ds.variables:
+            raise DataError(path, "missing variable", var="inputs")
+        inp = ds.variables["inputs"]
+        if inp.ndim != 2 or inp.shape[1] != f:
+            raise DataError(path, f"expected shape (numTimesteps, inputPattSize={f}), got "
+                                  f"{inp.shape}", var="inputs")
+        if inp.dtype.kind not in "iuf":
+            raise DataError(path, f"expected a numeric type, got {inp.dtype}", var="inputs")
+        if "seqDims" in ds.variables:
+            lv = "seqDims"
+            sd = np.asarray(ds.variables["seqDims"][:])
+            if sd.ndim != 2 or sd.shape[1] != 1:
+                raise DataError(path, f"expected shape (numSeqs, 1), got {sd.shape}: only "
+                                      "1-D sequences are supported", var=lv)
+            lengths = sd[:, 0]
+        elif "seqLengths" in ds.variables:
+            lv = "seqLengths"
+            lengths = np.asarray(ds.variables["seqLengths"][:]).reshape(-1)
+        else:
+            raise DataError(path, "missing variable (neither seqLengths nor seqDims)",
+                            var="seqLengths")
+        if lengths.dtype.kind not in "iu":
+            raise DataError(path, f"expected integers, got {lengths.dtype}", var=lv)
+        lengths = lengths.astype(np.int64)
+        if len(lengths) != n:
+            raise DataError(path, f"has {len(lengths)} entries but numSeqs = {n}", var=lv)
+        labels = _strings(ds, "labels", path, required=True)
+        targ = _strings(ds, "targetStrings", path, required=True)
+        tags = _strings(ds, "seqTags", path, required=False) or [""] * n
+        total = inp.shape[0]
+    if not labels:
+        raise DataError(path, "the alphabet is empty (numLabels = 0)", var="labels")
+    if len(set(labels)) != len(labels) or any(not lb or lb.split() != [lb] for lb in labels):
+        dup = [lb for lb in labels if labels.count(lb) > 1 or not lb or lb.split() != [lb]]
+        raise DataError(path, f"label names must be unique, non-empty and without "
+                              f"whitespace; offending: {dup[:5]}", var="labels")
+    for name, arr in (("targetStrings", targ), ("seqTags", tags)):
+        if len(arr) != n:
+            raise DataError(path, f"has {len(arr)} rows but numSeqs = {n}", var=name)
+    bad = np.flatnonzero(lengths <= 0)
+    if len(bad):
+        i = int(bad[0])
+        raise DataError(path, f"length {lengths[i]} (every sequence needs at least one "
+                              f"frame; {len(bad)} such sequences)", var=lv, seq=i, tag=tags[i])
+    if int(lengths.sum()) != total:
+        raise DataError(path, f"lengths sum to {int(lengths.sum())} but inputs has {total} "
+                              "rows (numTimesteps)", var=lv)
+    index = {lb: k for k, lb in enumerate(labels)}
+    targets = []
+    for i, s in enumerate(targ):
+        try:
+            targets.append(np.array([index[t] for t in s.split()], dtype=np.int32))
+        except KeyError as e:
+            raise DataError(path, f"target token '{e.args[0]}' is not in the alphabet "
+                                  f"({len(labels)} labels: {' '.join(labels[:20])}"
+                                  f"{' ...' if len(labels) > 20 else ''})",
+                            var="targetStrings", seq=i, tag=tags[i]) from None
+    return NcHeader(path, f, labels, lengths, targets, tags)
+
+
+def read_rows(path, start: int, stop: int) -> np.ndarray:
+    """Rows [start, stop) of ``inputs`` as float32, shape (stop-start, F)."""
+    with NC_LOCK, _open(path) as ds:
+        var = ds.variables["inputs"]
+        var.set_auto_maskandscale(False)
+        try:
+            out = np.asarray(var[start:stop, :], dtype=np.float32)
+        except (OSError, RuntimeError, IndexError) as e:
+            raise DataError(path, f"cannot read rows {start}:{stop} ({e})", var="inputs") from None
+    if out.shape[0] != stop - start:
+        raise DataError(path, f"expected {stop - start} rows at {start}, got {out.shape[0]} "
+                              "(truncated file?)", var="inputs")
+    return out
+
+
+def check_finite(path, rows: np.ndarray, header: NcHeader, seqs: Sequence[int], row0: int):
+    """Raise DataError naming the first sequence in ``seqs`` with NaN/Inf frames.
+
+    rows: (R, F) holding file rows [row0, row0+R).
+    """
+    if np.isfinite(rows).all():
+        return
+    bad_row = int(np.flatnonzero(~np.isfinite(rows).all(axis=1))[0]) + row0
+    i = int(np.searchsorted(header.offsets, bad_row, side="right") - 1)
+    assert i in seqs or not len(seqs)
+    raise DataError(path, f"NaN or Inf in frame {bad_row - header.offsets[i]}",
+                    var="inputs", seq=i, tag=header.tags[i])
+
+
+def read_file(path) -> tuple[NcHeader, list[np.ndarray]]:
+    """The whole file in memory: header and one (T_i, F) float32 array per sequence."""
+    h = read_header(path)
+    rows = read_rows(path, 0, h.total_frames)
+    check_finite(path, rows, h, range(h.num_seqs), 0)
+    return h, [rows[h.offsets[i]:h.offsets[i + 1]] for i in range(h.num_seqs)]
+
+
+def _char_array(strings: Sequence[str]) -> np.ndarray:
+    enc = [s.encode("utf-8") for s in strings]
+    width = max([len(b) for b in enc] + [0]) + 1  # room for the terminating 0
+    out = np.zeros((len(enc), width), dtype="S1")
+    for i, b in enumerate(enc):
+        if b:
+            out[i, :len(b)] = np.frombuffer(b, dtype="S1")
+    return out
+
+
+class NcWriter:
+    """Write an RNNLIB-format file; inputs are streamed in sequence order.
+
+    Targets and tags are known up front (small); frames arrive with ``append`` so that
+    converters never hold more than one sequence (or one chunk) of frames. The file is
+    written under a temporary name and renamed by ``close()`` (never half-written).
+    """
+
+    def __init__(self, path, labels: Sequence[str], input_size: int, lengths: Sequence[int],
+                 targets: Sequence[str], tags: Sequence[str] | None = None,
+                 fmt: str = "NETCDF3_64BIT_OFFSET", dtype=np.float32):
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown NetCDF format {fmt!r}; choose one of {FORMATS}")
+        lengths = np.asarray(lengths, dtype=np.int64)
+        n = len(lengths)
+        assert len(targets) == n and (tags is None or len(tags) == n)
+        self.path = Path(path)
+        self.tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
+        self.total, self.row, self.seq = int(lengths.sum()), 0, 0
+        self.lengths = lengths
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with NC_LOCK:
+            ds = self.ds = _nc().Dataset(str(self.tmp), "w", format=fmt)
+            ds.createDimension("numSeqs", n)
+            ds.createDimension("numTimesteps", self.total)
+            ds.createDimension("inputPattSize", input_size)
+            ds.createDimension("numDims", 1)
+            ds.createDimension("numLabels", len(labels))
+            lab, tgt = _char_array(labels), _char_array(targets)
+            ds.createDimension("maxLabelLength", lab.shape[1])
+            ds.createDimension("maxTargStringLength", tgt.shape[1])
+            if tags is not None:
+                tg = _char_array(tags)
+                ds.createDimension("maxSeqTagLength", tg.shape[1])
+                ds.createVariable("seqTags", "S1", ("numSeqs", "maxSeqTagLength"))[:] = tg
+            ds.createVariable("labels", "S1", ("numLabels", "maxLabelLength"))[:] = lab
+            ds.createVariable("targetStrings", "S1", ("numSeqs", "maxTargStringLength"))[:] = tgt
+            ds.createVariable("seqLengths", "i4", ("numSeqs",))[:] = lengths
+            ds.createVariable("seqDims", "i4", ("numSeqs", "numDims"))[:] = lengths[:, None]
+            self.inputs = ds.createVariable("inputs", dtype, ("numTimesteps", "inputPattSize"))
+
+    def append(self, frames: np.ndarray):
+        """frames: (T, F) for the next sequence(s) in order; T may span several sequences."""
+        frames = np.asarray(frames)
+        with NC_LOCK:
+            self.inputs[self.row:self.row + len(frames), :] = frames
+        self.row += len(frames)
+        assert self.row <= self.total
+
+    def close(self):
+        with NC_LOCK:
+            self.ds.close()
+        if self.row != self.total:
+            self.tmp.unlink(missing_ok=True)
+            raise AssertionError(f"wrote {self.row} of {self.total} frames")
+        with open(self.tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(self.tmp, self.path)
+
+    def abort(self):
+        with NC_LOCK:
+            try:
+                self.ds.close()
+            except Exception:  # already closed or broken: the temp file is removed anyway
+                pass
+        self.tmp.unlink(missing_ok=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *_):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def write_file(path, seqs: Sequence[np.ndarray], targets: Sequence[str], labels: Sequence[str],
+               tags: Sequence[str] | None = None, fmt: str = "NETCDF3_64BIT_OFFSET"):
+    """Write in-memory sequences (each (T_i, F)) with targets as label-name strings."""
+    assert seqs, "no sequences"
+    f = seqs[0].shape[1]
+    with NcWriter(path, labels, f, [len(s) for s in seqs], targets, tags, fmt) as w:
+        for s in seqs:
+            w.append(s)

@@ -1,0 +1,33 @@
+"""Optimizers and learning-rate schedules from the [optim] section."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def build_optimizer(ocfg, params) -> torch.optim.Optimizer:
+    params = list(params)
+    if ocfg.name == "sgd":
+        return torch.optim.SGD(params, lr=ocfg.lr, momentum=ocfg.momentum,
+                               weight_decay=ocfg.weight_decay)
+    return torch.optim.Adam(params, lr=ocfg.lr, weight_decay=ocfg.weight_decay)
+
+
+def lr_factor(ocfg, step: int, steps_per_epoch: int, total_steps: int) -> float:
+    """Multiplier of optim.lr at optimizer step ``step`` (0-based)."""
+    f = 1.0
+    if ocfg.warmup_steps and step < ocfg.warmup_steps:
+        f = (step + 1) / ocfg.warmup_steps
+    if ocfg.schedule == "cosine":
+        t = min(1.0, step / max(total_steps, 1))
+        floor = ocfg.min_lr / ocfg.lr
+        f *= floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t))
+    elif ocfg.schedule == "step":
+        f *= ocfg.step_gamma ** (step // max(steps_per_epoch * ocfg.step_epochs, 1))
+    return f
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float):
+    for g in opt.param_groups:
+        g["lr"] = lr

@@ -1,0 +1,101 @@
+"""Epoch plans: which sequences form each step, from lengths alone.
+
+``make_plan`` is a pure function of (dataset metadata, seed, epoch, rank, world size): no
+file is read, so plans are testable without data and identical on every rank. A plan is a
+list of Steps in chunk order (each chunk's steps are contiguous, so the reader visits each
+chunk once), and every rank's plan has the same number of steps by construction.
+
+Batches group sequences of similar length under a padded-frame budget (``batch_frames``
+counts padding: n × longest ≤ budget): on speech-like length spreads random batches
+waste about two thirds of the compute on padding.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Step:
+    """One optimizer step as seen by one rank.
+
+    chunk: the chunk every sequence of this step lives in; seqs: this rank's share of the
+    global batch (global ids, possibly empty when the batch has fewer sequences than ranks).
+    """
+    chunk: int
+    seqs: tuple[int, ...]
+
+
+def rng_for(seed: int, *keys: int) -> np.random.Generator:
+    """A generator determined by (seed, keys) alone: no hidden global state."""
+    return np.random.default_rng([seed & 0xFFFFFFFF, *[k & 0xFFFFFFFF for k in keys]])
+
+
+def group_by_length(ids: np.ndarray, lengths: np.ndarray, batch_frames: int,
+                    rng: np.random.Generator | None = None) -> list[np.ndarray]:
+    """Sort ``ids`` by length and cut into batches with n × max_len ≤ batch_frames.
+
+    Ties are broken randomly with ``rng`` so batch composition varies between epochs.
+    A sequence longer than the budget forms a batch of its own.
+    """
+    if len(ids) == 0:
+        return []
+    key = rng.random(len(ids)) if rng is not None else np.arange(len(ids))
+    order = ids[np.lexsort((key, lengths[ids]))]
+    batches, start = [], 0
+    for i in range(1, len(order) + 1):
+        if i == len(order) or (i + 1 - start) * lengths[order[i]] > batch_frames:
+            batches.append(order[start:i])
+            start = i
+    return batches
+
+
+def deal(batch: np.ndarray, lengths: np.ndarray, rank: int, world: int) -> tuple[int, ...]:
+    """Rank r's share of a batch: positions r, r+world, … of the length-sorted batch."""
+    order = batch[np.argsort(-lengths[batch], kind="stable")]
+    return tuple(int(s) for s in order[rank::world])
+
+
+def make_plan(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
+              rank: int = 0, world: int = 1, shuffle: bool = True) -> list[Step]:
+    """The epoch's steps for ``rank`` of ``world``.
+
+    ds: a Dataset (only lengths, chunks and shards are used); keep: (N,) bool mask of the
+    sequences to train on (infeasible ones are False). Single-shard datasets: every rank
+    forms the same global batches and takes its dealt share. Sharded datasets (manifest):
+    see ``rnntrain.manifest.plan_sharded``.
+    """
+    if len(ds.shards) > 1:
+        from .manifest import plan_sharded
+        return plan_sharded(ds, keep, batch_frames, seed, epoch, rank, world, shuffle)
+    rng = rng_for(seed, epoch)
+    chunk_ids = np.arange(len(ds.chunks))
+    if shuffle:
+        chunk_ids = rng.permutation(chunk_ids)
+    steps = []
+    for k in chunk_ids.tolist():
+        ids = ds.chunks[k].seqs
+        ids = ids[keep[ids]]
+        batches = group_by_length(ids, ds.lengths, batch_frames, rng if shuffle else None)
+        if shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        steps += [Step(k, deal(b, ds.lengths, rank, world)) for b in batches]
+    return steps
+
+
+def padding_ratio(steps: list[Step], lengths: np.ndarray) -> float:
+    """Padded frames / real frames over a plan (1.0 = no padding)."""
+    padded = sum(len(s.seqs) * int(lengths[list(s.seqs)].max()) for s in steps if s.seqs)
+    real = sum(int(lengths[list(s.seqs)].sum()) for s in steps if s.seqs)
+    return padded / max(real, 1)
+
+
+def chunk_order(steps: list[Step]) -> list[int]:
+    """The chunks a plan visits, in order, each once."""
+    out: list[int] = []
+    for s in steps:
+        if not out or out[-1] != s.chunk:
+            assert s.chunk not in out, "a plan must visit each chunk once"
+            out.append(s.chunk)
+    return out
