@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--labels", type=int, default=20)
     s.add_argument("--inputs", type=int, default=20, help="inputPattSize")
     s.add_argument("--mean-labels", type=float, default=6.0)
-    s.add_argument("--noise", type=float, default=0.6)
+    s.add_argument("--noise", type=float, default=0.5)
     s.add_argument("--seed", type=int, default=1)
     s.add_argument("--format", choices=FORMATS, default="NETCDF3_64BIT_OFFSET")
     s.set_defaults(fn=_synth)

@@ -13,8 +13,8 @@ from .errors import UserError
 
 def _cmd_train(args) -> int:
     from .config import load_config
+    cfg = load_config(args.config, args.overrides)  # config errors before importing torch
     from .train import train
-    cfg = load_config(args.config, args.overrides)
     train(cfg, args.config, args.overrides, resume=args.resume)
     return 0
 
