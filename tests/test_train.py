@@ -101,7 +101,12 @@ def test_plan_groups_by_length(tmp_path):
     steps = make_plan(ds, keep, 3000, seed=1, epoch=0)
     ids = sorted(s for st in steps for s in st.seqs)
     assert ids == list(np.flatnonzero(keep))  # every sequence exactly once
-    assert padding_ratio(steps, ds.lengths) < 1.1
+    grouped = padding_ratio(steps, ds.lengths)
+    rng = np.random.default_rng(0)  # random batches of the same sizes, for comparison
+    perm = rng.permutation(np.flatnonzero(keep))
+    sizes = np.cumsum([len(st.seqs) for st in steps])[:-1]
+    rand = padding_ratio([type(steps[0])(0, tuple(b)) for b in np.split(perm, sizes)], ds.lengths)
+    assert grouped < 1.2 and rand > 1.5, (grouped, rand)
     for st in steps:
         assert len(st.seqs) * ds.lengths[list(st.seqs)].max() <= 3000 or len(st.seqs) == 1
     assert make_plan(ds, keep, 3000, seed=1, epoch=0) == steps
@@ -114,3 +119,31 @@ def test_cli_train_bad_data_is_one_line(tmp_path):
     r = run_cli("rnntrain", "train", p, f"run.dir={json.dumps(str(tmp_path / 'r'))}")
     assert r.returncode == 2 and "missing.nc: data file not found" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_trains_on_a_file_written_by_another_tool(tmp_path):
+    """netCDF-4, vlen strings, int16 inputs, seqDims only, another frames dimension name."""
+    import netCDF4
+    names = label_names(3)
+    seqs = list(make_sequences(12, 3, 4, 9, mean_labels=2, noise=0.2))
+    path = tmp_path / "foreign.nc"
+    with netCDF4.Dataset(path, "w", format="NETCDF4") as ds:
+        ds.createDimension("numSeqs", len(seqs))
+        ds.createDimension("frames", sum(len(x) for x, _ in seqs))
+        ds.createDimension("inputPattSize", 4)
+        ds.createDimension("numLabels", 3)
+        ds.createDimension("numDims", 1)
+        ds.createVariable("inputs", "i2", ("frames", "inputPattSize"))[:] = \
+            np.round(np.concatenate([x for x, _ in seqs]) * 100)
+        ds.createVariable("seqDims", "i4", ("numSeqs", "numDims"))[:] = \
+            np.array([[len(x)] for x, _ in seqs])
+        lab = ds.createVariable("labels", str, ("numLabels",))
+        for i, n in enumerate(names):
+            lab[i] = n
+        tgt = ds.createVariable("targetStrings", str, ("numSeqs",))
+        for i, (_, t) in enumerate(seqs):
+            tgt[i] = " ".join(names[k] for k in t)
+    cfg, _ = _cfg(tmp_path, path, run="foreign", train__epochs=2)
+    run = train(cfg)
+    recs = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert recs[-1]["split"] == "val" and recs[-1]["seqs"] == 12 and np.isfinite(recs[-1]["loss"])
