@@ -17,7 +17,10 @@ def _synth(a):
 
 def _inspect(a):
     from .inspect_nc import inspect
-    print(inspect(a.path, a.subsample))
+    problems: list[str] = []
+    print(inspect(a.path, a.subsample, problems=problems))
+    if problems:
+        raise UserError(f"{len(problems)} chunk file(s) failed verification; first: {problems[0]}")
 
 
 def _shard(a):

@@ -13,7 +13,9 @@ def histogram(values: np.ndarray, bins: int = 10, width: int = 40) -> list[str]:
             for i, c in enumerate(counts)]
 
 
-def inspect(path: str, subsample: int = 1, chunk_frames: int = 2_000_000) -> str:
+def inspect(path: str, subsample: int = 1, chunk_frames: int = 2_000_000,
+            problems: list[str] | None = None) -> str:
+    """The report as text; failed chunk checksums are also appended to ``problems``."""
     ds = Dataset.open(path, chunk_frames)
     tl = ds.target_lengths
     lines = [f"{path}",
@@ -33,11 +35,11 @@ def inspect(path: str, subsample: int = 1, chunk_frames: int = 2_000_000) -> str
                  f"(subsample {subsample})" + (": " + ", ".join(ds.tag(int(i)) for i in bad[:10])
                                                if len(bad) else ""))
     if len(ds.shards) > 1 or ds.chunks[0].sha256:
-        lines += manifest_report(ds)
+        lines += manifest_report(ds, problems if problems is not None else [])
     return "\n".join(lines)
 
 
-def manifest_report(ds: Dataset) -> list[str]:
+def manifest_report(ds: Dataset, problems: list[str]) -> list[str]:
     """Checksums of every chunk, frames and length profile per shard, order warnings."""
     from rnntrain.errors import UserError
     from rnntrain.manifest import verify_chunk
@@ -47,6 +49,7 @@ def manifest_report(ds: Dataset) -> list[str]:
             verify_chunk(c)
         except UserError as e:
             bad.append(str(e))
+            problems.append(str(e))
     lines = [f"  checksums      {len(ds.chunks) - len(bad)} of {len(ds.chunks)} chunk files OK"
              + ("" if not bad else "; FAILED:"), *[f"    {b}" for b in bad],
              f"  shards ({ds.within} inside): frames, sequences, length quartiles "
