@@ -192,3 +192,31 @@ def test_streaming_memory_bounded(tmp_path):
     print(f"corpus {size / 1e6:.0f} MB, peak RSS baseline {base / 1e6:.0f} MB, "
           f"sharding {sharded / 1e6:.0f} MB")
     assert sharded - base < 0.15 * size, (base, sharded, size)
+
+
+@pytest.mark.mpi
+def test_train_two_ranks_on_manifest(tmp_path, synth_pair):
+    """shard → train on 2 MPI ranks: every sequence is trained exactly once per epoch
+    (global counts from the metrics) and a 3-rank run is refused with a clear line."""
+    from tests.conftest import mpiexec
+    mpi = mpiexec()
+    if mpi is None:
+        pytest.skip("mpiexec not available")
+    import subprocess
+    man = shard([str(synth_pair[0])], 2, str(tmp_path / "d"), chunk_seqs=20)
+    ds = Dataset.open(str(man))
+    args = ["-m", "rnntrain", "train", "configs/default.toml", f"data.train={man}",
+            "data.val=", "train.epochs=1", "model.hidden=8", "model.layers=1",
+            "train.threads=1", "train.log_every=1", f"run.dir={tmp_path / 'run'}"]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root)
+    r = subprocess.run([mpi, "-n", "2", sys.executable, *args], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().split("\n")
+            if x.strip()]
+    assert sum(x["seqs"] for x in recs if x["split"] == "train") == int(ds.feasible(1).sum())
+    r = subprocess.run([mpi, "-n", "3", sys.executable, *args[:-1], f"run.dir={tmp_path}/r3"],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "2 shards cannot be dealt evenly to 3 ranks" in r.stderr
+    assert "Traceback" not in r.stderr
