@@ -220,3 +220,9 @@ def test_train_two_ranks_on_manifest(tmp_path, synth_pair):
                        cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "2 shards cannot be dealt evenly to 3 ranks" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_folder_without_manifest(tmp_path):
+    (tmp_path / "half" / "shard-000").mkdir(parents=True)
+    with pytest.raises(UserError, match="without manifest.json"):
+        Dataset.open(str(tmp_path / "half"))
