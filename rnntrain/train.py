@@ -25,6 +25,7 @@ from .config import Config, to_dict, to_toml
 from .dataset import Dataset, check_compatible
 from .errors import UserError
 from .evaluate import evaluate
+from .manifest import remainder_note
 from .model import build_model, count_params, init_uniform
 from .optim import build_optimizer, lr_factor, set_lr
 from .plan import chunk_order, make_plan, padding_ratio
@@ -119,6 +120,8 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
 
     plan0 = make_plan(train_ds, keep, tc.batch_frames, tc.seed, 0, rank, comm.size)
     comm.check_same(len(plan0), "steps per epoch")
+    if note := remainder_note(train_ds, keep, comm.size):
+        log.info(note)
     total_steps = len(plan0) * tc.epochs
     log.info(f"rnntrain: {count_params(model):,} parameters, {train_ds.num_seqs} train sequences "
              f"({int(train_ds.lengths[keep].sum()):,} frames), {len(plan0)} steps/epoch, "
