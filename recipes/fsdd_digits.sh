@@ -33,9 +33,13 @@ if [ ! -f "$OUT/test.nc" ]; then
     done
 fi
 
+RUN=runs/fsdd_digits
+if [ -e "$RUN/checkpoints/last.pt" ]; then
+    echo "$(basename "$0"): $RUN already holds a trained model; remove it to train again" >&2
+    exit 2
+fi
 START=$(date +%s)
 "$PY" -m rnntrain train configs/fsdd_digits.toml "$@"
 echo "training wall time: $(( $(date +%s) - START )) s"
-RUN=runs/fsdd_digits
 # best path and prefix beam search (width 8) on the test set
 "$PY" -m rnntrain eval "$RUN/checkpoints/best.pt" "$OUT/test.nc" --beam 8

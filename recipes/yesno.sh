@@ -24,9 +24,14 @@ if [ ! -f "$OUT/test.nc" ]; then
     done
 fi
 
+RUN=runs/yesno
+if [ -e "$RUN/checkpoints/last.pt" ]; then
+    echo "$(basename "$0"): $RUN already holds a trained model; remove it to train again" >&2
+    exit 2
+fi
 START=$(date +%s)
 "$PY" -m rnntrain train configs/yesno.toml "$@"
 echo "training wall time: $(( $(date +%s) - START )) s"
 # best path and prefix beam search (width 8) on the held-out recordings
-"$PY" -m rnntrain eval runs/yesno/checkpoints/best.pt "$OUT/test.nc" --beam 8
-"$PY" -m rnntrain decode runs/yesno/checkpoints/best.pt "$OUT/test.nc" --beam 8
+"$PY" -m rnntrain eval "$RUN/checkpoints/best.pt" "$OUT/test.nc" --beam 8
+"$PY" -m rnntrain decode "$RUN/checkpoints/best.pt" "$OUT/test.nc" --beam 8
