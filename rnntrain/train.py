@@ -211,9 +211,11 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                 log.info(f"epoch {epoch + 1} val: LER {summ['ler']:.4f} (sub {summ['sub']:.4f} "
                          f"del {summ['del']:.4f} ins {summ['ins']:.4f}), seq error "
                          f"{summ['seq_error']:.4f}, loss {summ['loss']:.3f}")
-                improved = summ["ler"] < state["best_ler"]
+                # ties in LER (common on small validation sets that reach 0) go to lower loss
+                key = (summ["ler"], summ["loss"])
+                improved = key < (state["best_ler"], state.get("best_loss", math.inf))
                 if improved:
-                    state["best_ler"], state["since_best"] = summ["ler"], 0
+                    state["best_ler"], state["best_loss"], state["since_best"] = *key, 0
                 else:
                     state["since_best"] += 1
             save(log, cfg, model, opt, state, train_ds, "last.pt")
