@@ -20,6 +20,14 @@ def _inspect(a):
     print(inspect(a.path, a.subsample))
 
 
+def _rnnlib_config(a):
+    from .rnnlib_config import convert_file
+    toml, warnings = convert_file(a.config)
+    for w in warnings:
+        print(f"rnntrain-data rnnlib-config: warning: {w}", file=sys.stderr)
+    print(toml, end="")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rnntrain-data", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -38,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--subsample", type=int, default=1,
                    help="frame stacking used in training (for the infeasible count)")
     i.set_defaults(fn=_inspect)
+    r = sub.add_parser("rnnlib-config", help="convert an RNNLIB config file to rnntrain TOML "
+                       "(stdout; warnings on stderr)")
+    r.add_argument("config", help="RNNLIB config file ('name value' lines)")
+    r.set_defaults(fn=_rnnlib_config)
     return p
 
 
