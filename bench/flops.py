@@ -81,8 +81,8 @@ def run(quick: bool = False) -> str:
         "`train.batch_frames = 12000`, one epoch, Adam. Useful FLOPs count only the "
         "matmuls of the model on real frames (no padding, no elementwise gate math), "
         "forward + backward = 3 x forward; the issue quotes 22.4 MFLOP per frame, this "
-        f"formula gives {fpf / 1e6:.2f} (it counts the output layer and one bias-free "
-        "input projection per direction).",
+        f"formula gives {fpf / 1e6:.2f} ({(fpf - 6 * 2 * wl.REF_HIDDEN * (wl.REF_LABELS + 1)) / 1e6:.2f} "
+        "without the output layer).",
         f"- peephole row: {'30' if quick else '80'} sequences, both cells in rnntrain with "
         "the same config; the peephole cell runs a Python-level time loop with a "
         "hand-written backward (`rnntrain/peephole.py`).", ""])
