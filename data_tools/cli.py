@@ -76,6 +76,14 @@ def _list_args(s, what: str):
     s.add_argument("--format", choices=FORMATS, default="NETCDF3_64BIT_OFFSET")
 
 
+def _rnnlib_config(a):
+    from .rnnlib_config import convert_file
+    toml, warnings = convert_file(a.config)
+    for w in warnings:
+        print(f"rnntrain-data rnnlib-config: warning: {w}", file=sys.stderr)
+    print(toml, end="")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rnntrain-data", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -141,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--test", type=int, default=15, help="held-out recordings")
     y.add_argument("--val", type=int, default=5, help="validation recordings (from the rest)")
     y.set_defaults(fn=_yesno_lists)
+    r = sub.add_parser("rnnlib-config", help="convert an RNNLIB config file to rnntrain TOML "
+                       "(stdout; warnings on stderr)")
+    r.add_argument("config", help="RNNLIB config file ('name value' lines)")
+    r.set_defaults(fn=_rnnlib_config)
     return p
 
 
