@@ -13,11 +13,11 @@ from .errors import UserError
 
 def _cmd_train(args) -> int:
     from .config import load_config
-    from .train import train
     cfg = load_config(args.config, args.overrides)
     if args.trace:
         from . import trace
         trace.configure(args.trace, trace.parse_window(args.trace_steps))
+    from .train import train  # torch: imported once the arguments are known to be good
     train(cfg, args.config, args.overrides, resume=args.resume)
     return 0
 
