@@ -151,6 +151,12 @@ def test_trace_merged_across_ranks(synth_pair, tmp_path):
     assert doc["otherData"]["ranks"] == [0, 1]
     for pid in (0, 1):
         _check_train_trace(doc, pid, 1, 3, workers=1)
+    # rank 0's metric lines carry every rank's step-time split (for `rnntrain report`)
+    from rnntrain.report import rank_splits
+    from rnntrain.runs import read_metrics
+    train_recs = [r for r in read_metrics(tmp_path / "run") if r["split"] == "train"]
+    assert all(len(r["ranks"]) == 2 for r in train_recs)
+    assert len(rank_splits(train_recs)) == 2
     # the collective of a step ends at about the same moment on both ranks (aligned clocks)
     ends = {(e["pid"], e["args"]["step"]): e["ts"] + e["dur"] for e in _spans(doc, "allreduce")}
     for step in (1, 2):
