@@ -22,6 +22,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from . import trace
+
 
 class TaskError(RuntimeError):
     """A task failed in a worker thread."""
@@ -91,7 +93,8 @@ class WorkerPool:
                 self._idle -= 1
             t0 = time.perf_counter()
             try:
-                res, err = self._fn(w, task), None
+                with trace.span("task", index=task.index, seqs=len(task.seqs)):
+                    res, err = self._fn(w, task), None
             except BaseException as e:  # reaches the main thread through run()
                 res, err = None, e
             t1 = time.perf_counter()
@@ -125,6 +128,8 @@ class WorkerPool:
             t1 = time.perf_counter()
             results, error = self._results, self._error
             timing = BatchTiming(t1 - t0, list(self._busy), [t1 - e for e in self._last_end])
+        for w, th in enumerate(self._threads):  # each worker's wait for the slowest one
+            trace.complete("barrier wait", self._last_end[w], t1, th)
         if error is not None:
             w, task, e = error
             raise TaskError(f"worker {w} failed on task {task.index} (sequences "

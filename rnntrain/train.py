@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from tqdm import tqdm
 
 from . import checkpoint as ckpt
 from . import dist
+from . import trace
 from .config import Config, to_dict, to_toml
 from .dataset import Dataset, check_compatible
 from .errors import UserError
@@ -29,6 +31,7 @@ from .manifest import remainder_note
 from .model import build_model, count_params, init_uniform
 from .optim import build_optimizer, lr_factor, set_lr
 from .plan import chunk_order, make_plan, padding_ratio
+from .report import per_rank_split
 from .reader import ChunkReader
 from .runlog import RunLog, default_run_dir
 from .scheduler import Task, WorkerPool, split_tasks
@@ -76,6 +79,7 @@ def describe_skipped(ds: Dataset, keep: np.ndarray, what: str) -> str:
 
 def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str | None = None):
     comm = dist.init(cfg.dist)
+    trace.attach(comm)  # aligns the ranks' clocks when --trace is on
     tc, rank = cfg.train, comm.rank
     device = pick_device(tc.device, comm.local_rank)
     cores = max(1, (os.cpu_count() or 1) // max(comm.local_size, 1))
@@ -133,6 +137,7 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                       on_start=lambda w: torch.set_num_threads(tc.intra_threads))
     stop = StopFlag()
     last_ckpt_time, bad_steps = time.monotonic(), 0
+    log.set_status("running")
     try:
         for epoch in range(state["epoch"], tc.epochs):
             plan = make_plan(train_ds, keep, tc.batch_frames, tc.seed, epoch, rank, comm.size)
@@ -143,6 +148,7 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
             acc, chunk, payload = Window(), None, None
             for i in range(start, len(plan)):
                 step = plan[i]
+                trace.begin_step(state["step"])
                 t0 = time.perf_counter()
                 if step.chunk != chunk:
                     chunk, payload = reader.next()
@@ -174,13 +180,14 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                                         f"gradient (last batch: sequences "
                                         f"{', '.join(train_ds.tag(s) for s in step.seqs[:8])})")
                 t5 = time.perf_counter()
+                trace.phases(state["step"], (t0, t1, t2, t3, t4, t5), seqs=len(step.seqs))
                 state["step"] += 1
                 state["pos"] = i + 1
                 acc.add(flat.stats, norm, timing, [t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4],
                         padding_ratio([step], train_ds.lengths))
                 bar.update(1)
                 if state["step"] % tc.log_every == 0 or i == len(plan) - 1:
-                    rec = acc.flush()
+                    rec = per_rank_split(comm, acc.flush())
                     bar.set_postfix(loss=f"{rec['loss']:.3f}", ler=f"{rec['ler']:.3f}",
                                     fps=f"{rec['frames_per_s']:.0f}")
                     log.metrics(split="train", epoch=epoch, step=state["step"],
@@ -231,6 +238,8 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     finally:
         stop.restore()
         pool.close()
+        trace.finish(comm, failed=sys.exc_info()[0] is not None)
+        log.finish(sys.exc_info()[1], stop.signal, state)
         log.close()
 
 
