@@ -187,14 +187,15 @@ class CostModel:
     def for_model(cls, flops_per_frame: float, params: int) -> "CostModel":
         """Per-sequence and per-task overheads converted to frame equivalents of a model.
 
-        Seconds fitted with ``fit`` on this project's CPU path (bench/threads.py): ~100 µs
-        per sequence (CTC, best-path decode) and ~1 ms + 10 ns per parameter per task (the
-        oneDNN LSTM re-lays out its weights at every call), divided by the time of one
-        padded frame at ~50 GFLOP/s per core. A rough guess is enough: it moves task
-        boundaries, never what a task computes.
+        Seconds measured on this project's CPU path (bench/threads.py): ~100 µs
+        per sequence (CTC, best-path decode) and ~1 ms + 20 ns per parameter per task (the
+        oneDNN LSTM backward costs ~12 ms per 256-unit layer and direction even for one
+        frame of one sequence), divided by the time of one padded frame at ~50 GFLOP/s per
+        core. A rough guess is enough: it moves task boundaries, never what a task
+        computes; it makes a large model prefer fewer, larger tasks.
         """
         frame_s = max(flops_per_frame, 1.0) / 50e9
-        return cls(1.0, 100e-6 / frame_s, (1e-3 + 10e-9 * params) / frame_s)
+        return cls(1.0, 100e-6 / frame_s, (1e-3 + 20e-9 * params) / frame_s)
 
 
 def split_tasks(seqs: Sequence[int], lengths: np.ndarray, n_tasks: int,
