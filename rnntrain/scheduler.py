@@ -22,6 +22,7 @@ import os
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -293,3 +294,15 @@ def set_intra_threads(n: int):
     """
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
+
+
+@contextmanager
+def intra_threads(n: int):
+    """Temporarily use ``n`` intra-op threads on every thread (e.g. the whole machine for
+    validation, which runs on the main thread while the workers sleep)."""
+    old = torch.get_num_threads()
+    set_intra_threads(n)
+    try:
+        yield
+    finally:
+        set_intra_threads(old)

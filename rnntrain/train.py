@@ -29,7 +29,7 @@ from .optim import build_optimizer, lr_factor, set_lr
 from .plan import chunk_order, make_plan, padding_ratio
 from .reader import ChunkReader
 from .runlog import RunLog, default_run_dir
-from .scheduler import Task, WorkerPool, default_threads, split_tasks
+from .scheduler import Task, WorkerPool, default_threads, intra_threads, split_tasks
 from .step import FlatGrad, TaskComputer, cost_model_for
 
 
@@ -201,7 +201,8 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
             # ---- validation, best and last checkpoints, early stopping
             improved = True
             if val_ds is not None and (epoch + 1) % tc.val_every_epochs == 0:
-                c = evaluate(model, val_ds, val_keep, tc.batch_frames, device, comm)["best"]
+                with intra_threads(workers * tc.intra_threads):  # the workers sleep meanwhile
+                    c = evaluate(model, val_ds, val_keep, tc.batch_frames, device, comm)["best"]
                 summ = c.summary()
                 log.metrics(split="val", epoch=epoch, step=state["step"], **summ)
                 log.info(f"epoch {epoch + 1} val: LER {summ['ler']:.4f} (sub {summ['sub']:.4f} "

@@ -321,3 +321,11 @@ def test_training_runs_are_bit_identical_with_two_workers(synth_pair, tmp_path):
     assert weights[0].keys() == weights[1].keys()
     for k in weights[0]:
         assert torch.equal(weights[0][k], weights[1][k]), k
+
+
+def test_intra_threads_context_restores():
+    from rnntrain.scheduler import intra_threads, set_intra_threads
+    set_intra_threads(1)
+    with intra_threads(2):
+        assert torch.get_num_threads() == 2
+    assert torch.get_num_threads() == 1
