@@ -115,9 +115,12 @@ class FlatGrad:
 
     def reduce_tasks(self, buffers: list[torch.Tensor], stats: list[TaskStats]):
         """Sum the task gradients in task order (deterministic) and set the stats."""
-        self.grad.zero_()
-        for b in buffers:
-            self.grad.add_(b)
+        if buffers:
+            self.grad.copy_(buffers[0])      # one pass less than zero_ + add_
+            for b in buffers[1:]:
+                self.grad.add_(b)
+        else:
+            self.grad.zero_()
         self.buf[self.numel:] = torch.tensor(
             [sum(getattr(s, k) for s in stats) for k in ("loss", "seqs", "frames", "errors",
                                                          "ref_labels")], dtype=torch.float32)
