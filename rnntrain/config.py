@@ -55,8 +55,8 @@ class TrainConfig:
     batch_frames: int = 8000     # padded frames per (global) batch
     seed: int = 1
     input_noise: float = 0.0     # Gaussian noise std added to inputs (RNNLIB inputNoiseDev)
-    threads: int = 0             # worker threads; 0 = one per core
-    intra_threads: int = 1       # torch intra-op threads per worker
+    threads: int = 0             # worker threads; 0 = fill this rank's cores (cores / intra_threads)
+    intra_threads: int = 1       # torch intra-op threads per worker (one process-wide setting)
     tasks_per_worker: int = 2    # micro-batches per worker per batch (load balance)
     device: str = "auto"         # "auto", "cpu", "cuda", "cuda:N"
     precision: str = "fp32"      # "fp32", "bf16", "fp16" (CUDA autocast; CTC stays fp32)

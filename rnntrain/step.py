@@ -12,11 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from .decode import edit_ops
-from .model import ctc_loss_sum
+from .model import ctc_loss_sum, training_flops_per_frame
 from .plan import rng_for
-from .scheduler import Task
+from .scheduler import CostModel, Task
 
 # loss sum, sequences, frames, label errors, reference labels: carried at the end of the
 # gradient message so one collective reduces both
@@ -26,11 +27,9 @@ N_STATS = 5
 def collate(frames: list[np.ndarray], pin: bool = False):
     """N arrays (T_i, F) → zero-padded (T, N, F) float32 tensor and lengths (N,) int64."""
     lengths = torch.tensor([len(f) for f in frames], dtype=torch.long)
-    t, n, f = int(lengths.max()), len(frames), frames[0].shape[1]
-    x = torch.zeros(t, n, f, dtype=torch.float32, pin_memory=pin)
-    for i, a in enumerate(frames):
-        x[: len(a), i] = torch.from_numpy(a)
-    return x, lengths
+    # one C call (the worker holds the GIL while collating: keep it short)
+    x = pad_sequence([torch.from_numpy(a) for a in frames])
+    return (x.pin_memory() if pin else x), lengths
 
 
 @dataclass
@@ -64,9 +63,9 @@ class TaskComputer:
         x, lengths = collate(frames, pin=pin)
         gen = torch.Generator().manual_seed(int(rng_for(*self.key, task.index).integers(2**62)))
         if self.noise:
-            x += torch.randn(x.shape, generator=gen) * self.noise
-            for i, n in enumerate(lengths.tolist()):  # padding stays zero
-                x[n:, i] = 0
+            pad = torch.arange(x.shape[0]).unsqueeze(1) >= lengths.unsqueeze(0)  # (T, N)
+            x += torch.randn(x.shape, generator=gen).mul_(self.noise).masked_fill_(
+                pad.unsqueeze(-1), 0.0)  # padding stays zero
         x = x.to(self.device, non_blocking=True)
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
         with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
@@ -81,6 +80,16 @@ class TaskComputer:
             errors += sum(edit_ops(t.tolist(), hyp))
             ref += len(t)
         return TaskStats(float(loss.detach()), len(frames), int(lengths.sum()), errors, ref)
+
+
+def cost_model_for(model) -> CostModel:
+    """The task cost model (``scheduler.CostModel``) for a CTCModel: per-task and
+    per-sequence overheads in frame equivalents of this model's per-input-frame work."""
+    rnn = model.rnns[0]
+    dirs = 2 if rnn.bidirectional else 1
+    flops = training_flops_per_frame(model.input_size * model.subsample, rnn.hidden_size,
+                                     len(model.rnns), dirs == 2, model.num_classes)
+    return CostModel.for_model(flops / model.subsample, sum(p.numel() for p in model.parameters()))
 
 
 def best_path_ids(path: np.ndarray, blank: int) -> list[int]:
@@ -106,9 +115,12 @@ class FlatGrad:
 
     def reduce_tasks(self, buffers: list[torch.Tensor], stats: list[TaskStats]):
         """Sum the task gradients in task order (deterministic) and set the stats."""
-        self.grad.zero_()
-        for b in buffers:
-            self.grad.add_(b)
+        if buffers:
+            self.grad.copy_(buffers[0])      # one pass less than zero_ + add_
+            for b in buffers[1:]:
+                self.grad.add_(b)
+        else:
+            self.grad.zero_()
         self.buf[self.numel:] = torch.tensor(
             [sum(getattr(s, k) for s in stats) for k in ("loss", "seqs", "frames", "errors",
                                                          "ref_labels")], dtype=torch.float32)

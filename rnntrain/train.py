@@ -9,7 +9,6 @@ uninterrupted one exactly.
 from __future__ import annotations
 
 import math
-import os
 import signal
 import sys
 import threading
@@ -34,8 +33,8 @@ from .plan import chunk_order, make_plan, padding_ratio
 from .report import per_rank_split
 from .reader import ChunkReader
 from .runlog import RunLog, default_run_dir
-from .scheduler import Task, WorkerPool, split_tasks
-from .step import FlatGrad, TaskComputer
+from .scheduler import Task, WorkerPool, default_threads, intra_threads, split_tasks
+from .step import FlatGrad, TaskComputer, cost_model_for
 
 
 def pick_device(name: str, local_rank: int = 0) -> torch.device:
@@ -82,8 +81,7 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     trace.attach(comm)  # aligns the ranks' clocks when --trace is on
     tc, rank = cfg.train, comm.rank
     device = pick_device(tc.device, comm.local_rank)
-    cores = max(1, (os.cpu_count() or 1) // max(comm.local_size, 1))
-    workers = tc.threads or max(1, cores // tc.intra_threads)
+    workers, _ = default_threads(tc.threads, tc.intra_threads, comm.local_size)
 
     # ---- data: metadata now, frames later on the reader thread
     train_ds = Dataset.open(cfg.data.train, cfg.data.chunk_frames)
@@ -133,8 +131,8 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
              f"{device}, run folder {run_dir}")
 
     computer = TaskComputer(model, device, tc.input_noise, tc.precision)
-    pool = WorkerPool(computer, workers, tc.intra_threads,
-                      on_start=lambda w: torch.set_num_threads(tc.intra_threads))
+    pool = WorkerPool(computer, workers, tc.intra_threads)
+    task_cost = cost_model_for(model)
     stop = StopFlag()
     last_ckpt_time, bad_steps = time.monotonic(), 0
     log.set_status("running")
@@ -155,7 +153,8 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                     assert chunk == step.chunk, "reader out of plan order"
                 t1 = time.perf_counter()
                 # split the batch into micro-batches of similar length for the workers
-                groups = split_tasks(step.seqs, train_ds.lengths, workers * tc.tasks_per_worker)
+                groups = split_tasks(step.seqs, train_ds.lengths, workers * tc.tasks_per_worker,
+                                     task_cost, workers)
                 tasks = [Task(j, g, ([payload[s] for s in g], [train_ds.targets[s] for s in g]))
                          for j, g in enumerate(groups)]
                 computer.ensure_buffers(len(tasks))
@@ -212,7 +211,8 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
             # ---- validation, best and last checkpoints, early stopping
             improved = True
             if val_ds is not None and (epoch + 1) % tc.val_every_epochs == 0:
-                c = evaluate(model, val_ds, val_keep, tc.batch_frames, device, comm)["best"]
+                with intra_threads(workers * tc.intra_threads):  # the workers sleep meanwhile
+                    c = evaluate(model, val_ds, val_keep, tc.batch_frames, device, comm)["best"]
                 summ = c.summary()
                 log.metrics(split="val", epoch=epoch, step=state["step"], **summ)
                 log.info(f"epoch {epoch + 1} val: LER {summ['ler']:.4f} (sub {summ['sub']:.4f} "
@@ -252,12 +252,15 @@ class Window:
         self.sums = np.zeros(5)
         self.split = np.zeros(5)    # data wait, compute, reduce, comm, update
         self.barrier = self.norm = self.pad = 0.0
+        self.busy = self.idle = 0.0  # per-worker compute and barrier wait, summed (s)
 
     def add(self, stats, norm, timing, split, pad):
         self.n += 1
         self.sums += stats
         self.split += split
         self.barrier += timing.barrier_share
+        self.busy = self.busy + np.asarray(timing.busy_s)
+        self.idle = self.idle + np.asarray(timing.idle_s)
         self.norm += norm if np.isfinite(norm) else 0.0
         self.pad += pad
 
@@ -268,6 +271,8 @@ class Window:
         rec = {"loss": loss / max(seqs, 1), "ler": errors / max(ref, 1),
                "frames_per_s": frames / dt, "seqs": int(seqs), "grad_norm": self.norm / n,
                "padding": self.pad / n, "barrier_idle": self.barrier / n,
+               "worker_compute_s": [round(float(b) / n, 6) for b in np.atleast_1d(self.busy)],
+               "barrier_wait_s": float(np.mean(self.idle)) / n,
                **{k: v / n for k, v in zip(("data_wait_s", "compute_s", "reduce_s", "comm_s",
                                             "update_s"), self.split)}}
         self.__init__()
