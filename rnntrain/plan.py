@@ -43,9 +43,14 @@ def bucket_length(n: int, per_octave: int) -> int:
     """
     if per_octave <= 0 or n <= 0:
         return int(n)
-    e = math.ceil(per_octave * math.log2(n) - 1e-9)
-    size = max(int(math.ceil(2.0 ** (e / per_octave) - 1e-9)), int(n))
-    return -(-size // 8) * 8
+
+    def ladder(e: int) -> int:  # the e-th size: 2^(e/per_octave), up to a multiple of 8
+        return -(-math.ceil(2.0 ** (e / per_octave) - 1e-9) // 8) * 8
+
+    e = max(0, math.ceil(per_octave * math.log2(n) - 1e-9))
+    while e > 0 and ladder(e - 1) >= n:  # the rounding to 8 can merge neighbouring sizes
+        e -= 1
+    return max(ladder(e), -(-int(n) // 8) * 8)
 
 
 def bucket_lengths(lengths: np.ndarray, per_octave: int) -> np.ndarray:
