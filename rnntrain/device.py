@@ -119,25 +119,32 @@ class LossScaler:
     normalisation, see ``FlatGrad.normalize_and_clip``); ``update(finite)`` then halves the
     scale after an Inf/NaN step (that step is skipped) and doubles it after ``interval``
     finite steps in a row. Every operation is a tensor op: no host read. Disabled (scale 1,
-    no updates) for fp32 and bf16, whose range does not need it.
+    no updates) for fp32 and bf16, whose range does not need it. The initial scale is lower
+    than the usual 2^16 because our loss is a sum over the batch (larger gradients).
     """
 
-    def __init__(self, device: torch.device, enabled: bool, init: float = 2.0 ** 16,
+    def __init__(self, device: torch.device, enabled: bool, init: float = 2.0 ** 10,
                  growth: float = 2.0, backoff: float = 0.5, interval: int = 2000):
         self.enabled, self.growth, self.backoff, self.interval = enabled, growth, backoff, interval
         self.scale = torch.full((), init if enabled else 1.0, dtype=torch.float32, device=device)
         self.good = torch.zeros((), dtype=torch.int64, device=device)  # finite steps in a row
 
-    def update(self, finite: torch.Tensor):
-        """finite: 0-dim bool tensor on the device (this step's gradient and loss finite)."""
+    def update(self, finite: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
+        """finite: 0-dim bool tensor (this step's gradient and loss finite); loss: the
+        step's loss sum. → 0-dim bool tensor: True when the step was skipped only because
+        the scaled gradient overflowed while the scale could still back off (a normal fp16
+        event, not a failing run: such steps do not count towards train.max_bad_steps).
+        """
         if not self.enabled:
-            return
+            return torch.zeros_like(finite)
+        tolerated = ~finite & torch.isfinite(loss) & (self.scale > 1.0)
         good = torch.where(finite, self.good + 1, torch.zeros_like(self.good))
         grow = good >= self.interval
         self.scale.copy_(torch.where(finite, torch.where(grow, self.scale * self.growth,
                                                          self.scale),
                                      (self.scale * self.backoff).clamp(min=1.0)))
         self.good.copy_(torch.where(grow, torch.zeros_like(good), good))
+        return tolerated
 
     def state_dict(self) -> dict:
         return {"scale": float(self.scale), "good": int(self.good)}

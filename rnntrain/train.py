@@ -23,7 +23,7 @@ from . import checkpoint as ckpt
 from . import dist
 from .config import Config, to_dict, to_toml
 from .dataset import Dataset, check_compatible
-from .device import NanGuard, host_every, masked_step, pick_device, worker_start
+from .device import NanGuard, autocast_dtype, host_every, masked_step, pick_device, worker_start
 from .errors import UserError
 from .evaluate import evaluate
 from .model import build_model, count_params, init_uniform
@@ -66,6 +66,7 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     comm = dist.init(cfg.dist)
     tc, rank = cfg.train, comm.rank
     device = pick_device(tc.device, comm.local_rank)
+    autocast_dtype(tc.precision, device)  # fail now, not after reading data (fp16 needs CUDA)
     cores = max(1, (os.cpu_count() or 1) // max(comm.local_size, 1))
     # one worker feeds a GPU (its own stream); on CPU one per core
     workers = tc.threads or (1 if device.type == "cuda" else max(1, cores // tc.intra_threads))
@@ -159,8 +160,7 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                 set_lr(opt, cfg.optim.lr * lr_factor(cfg.optim, state["step"], len(plan),
                                                      total_steps))
                 masked_step(opt, finite)  # skipped on NaN/Inf
-                scaler.update(finite)
-                guard.add(finite)
+                guard.add(finite | scaler.update(finite, flat.stats_tensor[0]))
                 if (state["step"] + 1) % every == 0 or i == len(plan) - 1:
                     skipped, worst = guard.read()
                     if skipped:

@@ -181,11 +181,16 @@ def test_loss_scaler_backoff_growth_and_unscale(synth_pair):
     seq = [True, False, True, True, True, False, False]
     scales = []
     for f in seq:
-        scaler.update(torch.tensor(f))
+        tolerated = scaler.update(torch.tensor(f), torch.tensor(1.0))
+        assert tolerated.item() == (not f)  # an overflow the scale can still absorb
         scales.append(scaler.scale.item())
     assert scales == [2.0 ** 10, 2.0 ** 9, 2.0 ** 9, 2.0 ** 9, 2.0 ** 10, 2.0 ** 9, 2.0 ** 8]
+    assert not scaler.update(torch.tensor(False), torch.tensor(math.nan)).item()  # bad loss
+    floor = LossScaler(CPU, enabled=True, init=1.0)
+    assert not floor.update(torch.tensor(False), torch.tensor(1.0)).item()  # nothing to back off
+    assert floor.scale.item() == 1.0
     off = LossScaler(CPU, enabled=False)
-    off.update(torch.tensor(False))
+    assert not off.update(torch.tensor(False), torch.tensor(1.0)).item()
     assert off.scale.item() == 1.0
     # the scaled task gradient, unscaled in normalize_and_clip, equals the plain one
     frames, targets = batch(synth_pair, 4)
@@ -204,8 +209,8 @@ def test_loss_scaler_backoff_growth_and_unscale(synth_pair):
     flat.reduce_tasks(computer.buffers[:2])
     flat.grad[5] = math.inf
     _, finite = flat.normalize_and_clip("sum", 0.0, computer.scaler.scale)
-    computer.scaler.update(finite)
-    assert not finite.item() and computer.scaler.scale.item() == 2.0 ** 11
+    tolerated = computer.scaler.update(finite, flat.stats_tensor[0])
+    assert not finite.item() and tolerated.item() and computer.scaler.scale.item() == 2.0 ** 11
 
 
 def test_device_choice_and_precision_policy():
