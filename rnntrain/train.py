@@ -250,8 +250,8 @@ class Window:
         self.pad += pad
 
     def flush(self) -> dict:
+        *sums, norm = torch.cat([self.sums, self.norm.reshape(1)]).tolist()  # waits for the GPU
         dt = time.perf_counter() - self.t0
-        *sums, norm = torch.cat([self.sums, self.norm.reshape(1)]).tolist()
         loss, seqs, frames, errors, ref = sums
         n = max(self.n, 1)
         rec = {"loss": loss / max(seqs, 1), "ler": errors / max(ref, 1),
