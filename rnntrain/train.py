@@ -173,7 +173,8 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                 t5 = time.perf_counter()
                 state["step"] += 1
                 state["pos"] = i + 1
-                acc.add(flat.stats_tensor, norm, timing, [t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4],
+                acc.add(flat.stats_tensor, norm, timing, [t1 - t0, t2 - t1, t3 - t2, t4 - t3,
+                                                          t5 - t4],
                         padding_ratio([step], train_ds.lengths))
                 bar.update(1)
                 if log_now:
