@@ -160,8 +160,10 @@ def masked_step(opt: torch.optim.Optimizer, finite: torch.Tensor):
     A fused optimizer (``fused=True``, as built for CUDA) takes the flag on the device
     (``found_inf``: the kernel leaves weights, moments and step count untouched), so no
     host read happens. Other optimizers read the flag on the host, which is free on CPU.
+    (A run resumed from a checkpoint of an unfused optimizer, say one trained on CPU, takes
+    the saved groups' ``fused = None`` and so the host path: correct, one read per step.)
     """
-    if opt.defaults.get("fused"):
+    if all(g.get("fused") for g in opt.param_groups):
         opt.found_inf = (~finite).to(torch.float32)
         try:
             opt.step()

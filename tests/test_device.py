@@ -163,6 +163,23 @@ def test_masked_step_skips_without_touching_state(name):
     assert not hasattr(opt, "found_inf")
 
 
+def test_masked_step_after_loading_an_unfused_state():
+    p = torch.nn.Parameter(torch.ones(3))
+    plain = torch.optim.Adam([p], lr=0.1)
+    p.grad = torch.ones(3)
+    plain.step()
+    q = torch.nn.Parameter(p.detach().clone())
+    opt = torch.optim.Adam([q], lr=0.1, fused=True)
+    opt.load_state_dict(plain.state_dict())  # the saved groups say fused = None
+    q.grad = torch.full((3,), math.nan)
+    masked_step(opt, torch.isfinite(q.grad).all())
+    assert torch.equal(q.detach(), p.detach())
+    q.grad = torch.ones(3)
+    masked_step(opt, torch.tensor(True))
+    plain.step()
+    torch.testing.assert_close(q.detach(), p.detach())
+
+
 def test_nan_guard_counts_runs():
     guard = NanGuard(CPU)
     flags = [True, False, False, True, False, False, False]
