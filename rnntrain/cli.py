@@ -29,7 +29,7 @@ def _load_for_eval(checkpoint: str, data: str, device: str):
     from .dataset import Dataset
     from .errors import DataError
     from .model import build_model
-    from .train import pick_device
+    from .device import pick_device
     ck = ckpt.load(checkpoint)
     cfg = config_from_dict(ck["config"])
     ds = Dataset.open(data, cfg.data.chunk_frames)

@@ -102,15 +102,20 @@ class CTCModel(nn.Module):
         Returns log-probabilities (T', N, C) and output lengths (N,) with T' = ceil(T/k).
         """
         x, lengths = stack_frames(x, lengths, self.subsample)
+        # lengths already longest-first (as the trainer collates them): pack without the
+        # permutation, whose index copy to a GPU would block the host
+        is_sorted = bool((lengths[:-1] >= lengths[1:]).all())
         for i, rnn in enumerate(self.rnns):
             if i and self.dropout and self.training:
                 keep = 1.0 - self.dropout
                 mask = torch.empty(x.shape[1:], device="cpu").bernoulli_(keep, generator=generator)
+                if x.device.type == "cuda":
+                    mask = mask.pin_memory().to(x.device, non_blocking=True)
                 x = x * (mask.to(x.device) / keep)  # one mask per sequence, shared over time
             if isinstance(rnn, nn.LSTM) and x.device.type == "cpu":
                 x = lstm_padded(rnn, x, lengths)
             else:
-                packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
+                packed = pack_padded_sequence(x, lengths, enforce_sorted=is_sorted)
                 x, _ = pad_packed_sequence(rnn(packed)[0], total_length=x.shape[0])
         return F.log_softmax(self.out(x).float(), dim=-1), lengths
 
@@ -152,8 +157,8 @@ def ctc_loss_sum(log_probs: torch.Tensor, out_lengths: torch.Tensor, targets: li
     flat = torch.cat([torch.as_tensor(t, dtype=torch.long) for t in targets]) if int(tl.sum()) \
         else torch.zeros(0, dtype=torch.long)
     dev = log_probs.device
-    if dev.type == "cuda":
-        flat, tl = flat.to(dev, non_blocking=True), tl.to(dev, non_blocking=True)
+    if dev.type == "cuda":  # the lengths stay on the host: ctc_loss reads them there
+        flat = flat.pin_memory().to(dev, non_blocking=True)
     return F.ctc_loss(log_probs.float(), flat, out_lengths, tl, blank=blank,
                       reduction="sum", zero_infinity=False)
 

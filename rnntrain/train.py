@@ -24,6 +24,7 @@ from . import dist
 from . import trace
 from .config import Config, to_dict, to_toml
 from .dataset import Dataset, check_compatible
+from .device import NanGuard, autocast_dtype, host_every, masked_step, pick_device, worker_start
 from .errors import UserError
 from .evaluate import evaluate
 from .manifest import remainder_note
@@ -35,18 +36,6 @@ from .reader import ChunkReader
 from .runlog import RunLog, default_run_dir
 from .scheduler import Task, WorkerPool, default_threads, intra_threads, split_tasks
 from .step import FlatGrad, TaskComputer, cost_model_for
-
-
-def pick_device(name: str, local_rank: int = 0) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise UserError(f"train.device = {name!r} but CUDA is not available here")
-        idx = int(name[5:]) if ":" in name else local_rank % torch.cuda.device_count()
-        torch.cuda.set_device(idx)
-        return torch.device("cuda", idx)
-    return torch.device("cpu")
 
 
 class StopFlag:
@@ -81,7 +70,10 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     trace.attach(comm)  # aligns the ranks' clocks when --trace is on
     tc, rank = cfg.train, comm.rank
     device = pick_device(tc.device, comm.local_rank)
-    workers, _ = default_threads(tc.threads, tc.intra_threads, comm.local_size)
+    autocast_dtype(tc.precision, device)  # fail now, not after reading data (fp16 needs CUDA)
+    # one worker feeds a GPU (its own stream); on CPU the rank's share of the cores
+    workers = (tc.threads or 1) if device.type == "cuda" else \
+        default_threads(tc.threads, tc.intra_threads, comm.local_size)[0]
 
     # ---- data: metadata now, frames later on the reader thread
     train_ds = Dataset.open(cfg.data.train, cfg.data.chunk_frames)
@@ -109,7 +101,7 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
         init_uniform(model, 0.1)
     model.to(device).train()
     params = list(model.parameters())
-    opt = build_optimizer(cfg.optim, params)
+    opt = build_optimizer(cfg.optim, params, fused=device.type == "cuda")
     flat = FlatGrad(params, device)
     state = {"epoch": 0, "pos": 0, "step": 0, "best_ler": math.inf, "since_best": 0}
     if resume:
@@ -120,7 +112,8 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
         log.info(f"resumed from {ck['path']} at epoch {state['epoch']} step {state['step']}")
     sync_parameters(comm, params)
 
-    plan0 = make_plan(train_ds, keep, tc.batch_frames, tc.seed, 0, rank, comm.size)
+    plan0 = make_plan(train_ds, keep, tc.batch_frames, tc.seed, 0, rank, comm.size,
+                      round_lengths=tc.round_lengths)
     comm.check_same(len(plan0), "steps per epoch")
     if note := remainder_note(train_ds, keep, comm.size):
         log.info(note)
@@ -130,20 +123,23 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
              f"{comm.size} rank(s) x {workers} worker(s) x {tc.intra_threads} thread(s) on "
              f"{device}, run folder {run_dir}")
 
-    computer = TaskComputer(model, device, tc.input_noise, tc.precision)
-    pool = WorkerPool(computer, workers, tc.intra_threads)
+    computer = TaskComputer(model, device, tc.input_noise, tc.precision, tc.round_lengths)
+    pool = WorkerPool(computer, workers, tc.intra_threads,
+                      on_start=lambda w: worker_start(device))
     task_cost = cost_model_for(model)
     stop = StopFlag()
-    last_ckpt_time, bad_steps = time.monotonic(), 0
+    last_ckpt_time, guard, every = time.monotonic(), NanGuard(device), host_every(device,
+                                                                                   tc.log_every)
     log.set_status("running")
     try:
         for epoch in range(state["epoch"], tc.epochs):
-            plan = make_plan(train_ds, keep, tc.batch_frames, tc.seed, epoch, rank, comm.size)
+            plan = make_plan(train_ds, keep, tc.batch_frames, tc.seed, epoch, rank, comm.size,
+                             round_lengths=tc.round_lengths)
             start = state["pos"]
             reader = ChunkReader(train_ds.load_chunk, chunk_order(plan[start:]))
             bar = tqdm(total=len(plan), initial=start, desc=f"epoch {epoch + 1}/{tc.epochs}",
                        unit="step", disable=rank != 0, dynamic_ncols=True, mininterval=1.0)
-            acc, chunk, payload = Window(), None, None
+            acc, chunk, payload = Window(device), None, None
             for i in range(start, len(plan)):
                 step = plan[i]
                 trace.begin_step(state["step"])
@@ -159,33 +155,40 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                          for j, g in enumerate(groups)]
                 computer.ensure_buffers(len(tasks))
                 computer.key = (tc.seed, epoch, i)
+                log_now = (state["step"] + 1) % tc.log_every == 0 or i == len(plan) - 1
+                computer.want_errors = every == 1 or log_now  # GPU: LER on logging steps
+                computer.begin_step()
                 results, timing = pool.run(tasks)  # returns at the barrier
                 t2 = time.perf_counter()
                 flat.reduce_tasks(computer.buffers[: len(tasks)], results)
                 t3 = time.perf_counter()
                 allreduce(comm, flat)  # gradients and counts in one collective
                 t4 = time.perf_counter()
-                norm, finite = flat.normalize_and_clip(cfg.optim.normalize, cfg.optim.clip_norm)
-                if finite:
-                    set_lr(opt, cfg.optim.lr * lr_factor(cfg.optim, state["step"], len(plan),
-                                                         total_steps))
-                    opt.step()
-                    bad_steps = 0
-                else:
-                    bad_steps += 1
-                    log.info(f"step {state['step']}: loss or gradient is NaN/Inf; update skipped")
-                    if bad_steps >= tc.max_bad_steps:
-                        raise UserError(f"{bad_steps} steps in a row with NaN/Inf loss or "
+                scaler = computer.scaler  # fp16 only; device-side, no host reads below
+                norm, finite = flat.normalize_and_clip(cfg.optim.normalize, cfg.optim.clip_norm,
+                                                       scaler.scale if scaler.enabled else None)
+                set_lr(opt, cfg.optim.lr * lr_factor(cfg.optim, state["step"], len(plan),
+                                                     total_steps))
+                masked_step(opt, finite)  # skipped on NaN/Inf
+                guard.add(finite | scaler.update(finite, flat.stats_tensor[0]))
+                if (state["step"] + 1) % every == 0 or i == len(plan) - 1:
+                    skipped, worst = guard.read()
+                    if skipped:
+                        log.info(f"step {state['step']}: {skipped} update(s) skipped since the "
+                                 f"last check: loss or gradient is NaN/Inf")
+                    if worst >= tc.max_bad_steps:
+                        raise UserError(f"{worst} steps in a row with NaN/Inf loss or "
                                         f"gradient (last batch: sequences "
                                         f"{', '.join(train_ds.tag(s) for s in step.seqs[:8])})")
                 t5 = time.perf_counter()
                 trace.phases(state["step"], (t0, t1, t2, t3, t4, t5), seqs=len(step.seqs))
                 state["step"] += 1
                 state["pos"] = i + 1
-                acc.add(flat.stats, norm, timing, [t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4],
+                acc.add(flat.stats_tensor, norm, timing, [t1 - t0, t2 - t1, t3 - t2, t4 - t3,
+                                                          t5 - t4],
                         padding_ratio([step], train_ds.lengths))
                 bar.update(1)
-                if state["step"] % tc.log_every == 0 or i == len(plan) - 1:
+                if log_now:
                     rec = per_rank_split(comm, acc.flush())
                     bar.set_postfix(loss=f"{rec['loss']:.3f}", ler=f"{rec['ler']:.3f}",
                                     fps=f"{rec['frames_per_s']:.0f}")
@@ -246,12 +249,14 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
 class Window:
     """Training figures accumulated between two metric lines."""
 
-    def __init__(self):
-        self.t0 = time.perf_counter()
+    def __init__(self, device: torch.device):
+        self.t0, self.device = time.perf_counter(), device
         self.n = 0
-        self.sums = np.zeros(5)
+        # summed on the device (fp64: exact counts), read once per metric line
+        self.sums = torch.zeros(5, dtype=torch.float64, device=device)
+        self.norm = torch.zeros((), dtype=torch.float64, device=device)
         self.split = np.zeros(5)    # data wait, compute, reduce, comm, update
-        self.barrier = self.norm = self.pad = 0.0
+        self.barrier = self.pad = 0.0
         self.busy = self.idle = 0.0  # per-worker compute and barrier wait, summed (s)
 
     def add(self, stats, norm, timing, split, pad):
@@ -261,21 +266,22 @@ class Window:
         self.barrier += timing.barrier_share
         self.busy = self.busy + np.asarray(timing.busy_s)
         self.idle = self.idle + np.asarray(timing.idle_s)
-        self.norm += norm if np.isfinite(norm) else 0.0
+        self.norm += torch.where(torch.isfinite(norm), norm, torch.zeros_like(norm))
         self.pad += pad
 
     def flush(self) -> dict:
+        *sums, norm = torch.cat([self.sums, self.norm.reshape(1)]).tolist()  # waits for the GPU
         dt = time.perf_counter() - self.t0
-        loss, seqs, frames, errors, ref = self.sums
+        loss, seqs, frames, errors, ref = sums
         n = max(self.n, 1)
         rec = {"loss": loss / max(seqs, 1), "ler": errors / max(ref, 1),
-               "frames_per_s": frames / dt, "seqs": int(seqs), "grad_norm": self.norm / n,
+               "frames_per_s": frames / dt, "seqs": int(seqs), "grad_norm": norm / n,
                "padding": self.pad / n, "barrier_idle": self.barrier / n,
                "worker_compute_s": [round(float(b) / n, 6) for b in np.atleast_1d(self.busy)],
                "barrier_wait_s": float(np.mean(self.idle)) / n,
                **{k: v / n for k, v in zip(("data_wait_s", "compute_s", "reduce_s", "comm_s",
                                             "update_s"), self.split)}}
-        self.__init__()
+        self.__init__(self.device)
         return rec
 
 
