@@ -81,14 +81,13 @@ def _final_weights(tmp_path, run, **over):
     return torch.load(out / "checkpoints" / "last.pt", weights_only=True)["model"]
 
 
-def test_same_seed_same_weights_whatever_the_threads(tmp_path):
-    # the same 4 tasks per batch run by 1 or 2 workers: bit-identical weights, since the
-    # task gradients are reduced in task order whoever computed them
-    a = _final_weights(tmp_path, "a", train__threads=1, train__tasks_per_worker=4)
-    b = _final_weights(tmp_path, "b", train__threads=2, train__tasks_per_worker=2)
+def test_same_seed_same_weights_whatever_the_thread_timing(tmp_path):
+    # two workers race for the tasks differently in every run; the task gradients are
+    # reduced in task order whoever computed them, so the weights are bit-identical
+    a = _final_weights(tmp_path, "a", train__threads=2)
+    b = _final_weights(tmp_path, "b", train__threads=2)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    c = _final_weights(tmp_path, "c", train__threads=2, train__tasks_per_worker=2,
-                       train__seed=7)
+    c = _final_weights(tmp_path, "c", train__threads=2, train__seed=7)
     assert any(not torch.equal(a[k], c[k]) for k in a)
 
 
