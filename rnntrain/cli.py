@@ -15,7 +15,12 @@ def _cmd_train(args) -> int:
     from .config import load_config
     from .train import train
     cfg = load_config(args.config, args.overrides)
-    train(cfg, args.config, args.overrides, resume=args.resume)
+    try:
+        train(cfg, args.config, args.overrides, resume=args.resume)
+    except BaseException as e:
+        from . import dist
+        dist.fail(e)  # under MPI: name this rank and abort the whole job (no hang)
+        raise
     return 0
 
 

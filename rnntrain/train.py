@@ -25,6 +25,7 @@ from .config import Config, to_dict, to_toml
 from .dataset import Dataset, check_compatible
 from .errors import UserError
 from .evaluate import evaluate
+from .exchange import Exchange
 from .model import build_model, count_params, init_uniform
 from .optim import build_optimizer, lr_factor, set_lr
 from .plan import chunk_order, make_plan, padding_ratio
@@ -108,14 +109,15 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     params = list(model.parameters())
     opt = build_optimizer(cfg.optim, params)
     flat = FlatGrad(params, device)
+    exch = Exchange(comm, cfg.dist, flat, params)
     state = {"epoch": 0, "pos": 0, "step": 0, "best_ler": math.inf, "since_best": 0}
-    if resume:
+    if resume and rank == 0:  # the other ranks receive it in sync_start
         ck = resume_checkpoint(resume, run_dir, train_ds, cfg)
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optim"])
         state.update(ck["state"])
         log.info(f"resumed from {ck['path']} at epoch {state['epoch']} step {state['step']}")
-    sync_parameters(comm, params)
+    state = exch.sync_start(model, opt, state)  # rank 0's weights/optimizer, checksummed
 
     plan0 = make_plan(train_ds, keep, tc.batch_frames, tc.seed, 0, rank, comm.size)
     comm.check_same(len(plan0), "steps per epoch")
@@ -155,13 +157,13 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                 t2 = time.perf_counter()
                 flat.reduce_tasks(computer.buffers[: len(tasks)], results)
                 t3 = time.perf_counter()
-                allreduce(comm, flat)  # gradients and counts in one collective
+                exch.reduce(state["step"] + 1, t2 - t1)  # gradients and counts: one collective
                 t4 = time.perf_counter()
                 norm, finite = flat.normalize_and_clip(cfg.optim.normalize, cfg.optim.clip_norm)
                 if finite:
                     set_lr(opt, cfg.optim.lr * lr_factor(cfg.optim, state["step"], len(plan),
                                                          total_steps))
-                    opt.step()
+                    exch.step(opt)
                     bad_steps = 0
                 else:
                     bad_steps += 1
@@ -170,6 +172,7 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                         raise UserError(f"{bad_steps} steps in a row with NaN/Inf loss or "
                                         f"gradient (last batch: sequences "
                                         f"{', '.join(train_ds.tag(s) for s in step.seqs[:8])})")
+                exch.publish(state["step"] + 1)  # master mode: rank 0's weights to all
                 t5 = time.perf_counter()
                 state["step"] += 1
                 state["pos"] = i + 1
@@ -177,7 +180,7 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                         padding_ratio([step], train_ds.lengths))
                 bar.update(1)
                 if state["step"] % tc.log_every == 0 or i == len(plan) - 1:
-                    rec = acc.flush()
+                    rec = {**acc.flush(), **exch.window()}  # + straggler gap across ranks
                     bar.set_postfix(loss=f"{rec['loss']:.3f}", ler=f"{rec['ler']:.3f}",
                                     fps=f"{rec['frames_per_s']:.0f}")
                     log.metrics(split="train", epoch=epoch, step=state["step"],
@@ -258,26 +261,6 @@ class Window:
                                             "update_s"), self.split)}}
         self.__init__()
         return rec
-
-
-def allreduce(comm, flat: FlatGrad):
-    if comm.size == 1:
-        return
-    if flat.buf.device.type == "cpu":
-        comm.allreduce_(flat.buf.numpy())
-    else:  # through host memory unless the MPI is CUDA-aware
-        host = flat.buf.cpu().numpy()
-        flat.buf.copy_(torch.from_numpy(comm.allreduce_(host)))
-
-
-def sync_parameters(comm, params):
-    """Rank 0's weights everywhere, then check that every rank holds the same bytes."""
-    if comm.size == 1:
-        return
-    vec = torch.nn.utils.parameters_to_vector(params).detach().cpu().contiguous()
-    comm.bcast_(vec.numpy(), root=0)
-    torch.nn.utils.vector_to_parameters(vec.to(params[0].device), params)
-    comm.check_same(float(vec.double().sum()), "parameter checksum after broadcast")
 
 
 def save(log: RunLog, cfg, model, opt, state, ds, name: str):
