@@ -87,6 +87,10 @@ class LocalComm:
     def barrier(self):
         pass
 
+    def roster(self) -> str:
+        """Which process is which rank (to match a launcher's "PID n exited" to a rank)."""
+        return ""
+
     def abort(self, msg: str, code: int = 1):
         print(msg, file=sys.stderr, flush=True)
         os._exit(code)
@@ -163,9 +167,15 @@ class MPIComm(LocalComm):
     def barrier(self):
         self.comm.Barrier()
 
+    def roster(self) -> str:
+        ids = self.comm.allgather((os.getpid(), self.MPI.Get_processor_name()))
+        return f"{self.size} MPI ranks: " + ", ".join(
+            f"rank {r} = pid {pid} on {host}" for r, (pid, host) in enumerate(ids))
+
     def abort(self, msg: str, code: int = 1):
         print(f"[rank {self.rank}/{self.size}] {msg}", file=sys.stderr, flush=True)
         self.comm.Abort(code)
+        os._exit(code)  # MPICH's Abort can return after notifying the launcher
 
     def close(self):
         for dtype, op in self._ops.values():

@@ -95,6 +95,8 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                                                                      resolved)
     log = RunLog(run_dir if rank == 0 else None)
     log.write_text("config.toml", resolved)
+    if comm.size > 1:
+        log.info(comm.roster())
     if not keep.all():
         log.info(describe_skipped(train_ds, keep, "train"))
     if keep.sum() == 0:
