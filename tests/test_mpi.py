@@ -147,7 +147,7 @@ def test_n_ranks_train_like_one_rank_in_both_modes(tiny_config, tmp_path):
     assert rel_diff(w["ar2"], w["ms2"]) <= 1e-5
     assert rel_diff(w["ar3"], w["ms3"]) <= 1e-5
     for name in ("bf2", "fp16m2"):  # compressed wire: close, not equal
-        assert 0 < rel_diff(w["serial"], w[name]) <= 2e-2, name
+        assert 0 < rel_diff(w["serial"], w[name]) <= 5e-3, name
     # start-up: rank 0's weights, optimizer state and loop state reached every rank
     s = [np.load(out / f"sync-rank{r}.npy") for r in range(3)]
     assert len({x[0] for x in s}) == 3                 # they really started different
@@ -201,7 +201,8 @@ def test_killed_rank_ends_the_job_and_is_named(tiny_config, tmp_path):
     assert r.returncode != 0
     roster = (tmp_path / "run" / "train.log").read_text()
     pid = re.search(r"rank 1 = pid (\d+)", roster).group(1)
-    assert pid in r.stdout + r.stderr or "signal 9" in r.stdout + r.stderr
+    assert re.search(rf"PID {pid}\b", r.stdout + r.stderr), (r.stdout + r.stderr)[-2000:]
+    assert secs < 60
 
 
 @needs_mpi
