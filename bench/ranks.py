@@ -200,6 +200,47 @@ def _exchange(n: int, mode: str, wire: str, steps: int, tcp: bool) -> dict:
     return json.loads(line[6:])
 
 
+# ---- the paper projection (docs/scaling.md)
+
+NETWORKS = (("10 GbE", 1.25e9, 20e-6), ("100 Gb/s InfiniBand", 12.5e9, 2e-6))
+
+
+def comm_time(mode: str, n: int, size: float, bw: float, lat: float) -> float:
+    """Seconds per step to exchange ``size`` bytes among n ranks (alpha-beta model).
+
+    allreduce: MPI's large-message algorithm (reduce-scatter + allgather, ring or
+      Rabenseifner): 2(n-1)/n x size per rank, 2 log2(n) latencies.
+    master: our master mode, MPI Reduce to rank 0 + Bcast of the weights, each
+      (n-1)/n x size twice (reduce-scatter + gather, scatter + allgather): twice the
+      allreduce bytes, 4 log2(n) latencies.
+    seed: the seed's gather-update-broadcast through rank 0's one link: (n-1) x size in,
+      (n-1) x size out, n latencies.
+    """
+    lg = np.log2(n)
+    if mode == "allreduce":
+        return 2 * (n - 1) / n * size / bw + 2 * lg * lat
+    if mode == "master":
+        return 4 * (n - 1) / n * size / bw + 4 * lg * lat
+    return 2 * (n - 1) * size / bw + 2 * n * lat
+
+
+def projection(compute_s: float, update_s: float, size: float, ranks=(8, 64, 256)) -> list[str]:
+    """Weak-scaling efficiency: every rank keeps its batch (compute_s per step), the
+    exchange does not overlap compute; efficiency = compute / (compute + exchange +
+    update) relative to one rank's compute + update."""
+    lines = ["| network | mode | " + " | ".join(f"{n} ranks" for n in ranks) + " |",
+             "|---|---|" + "---|" * len(ranks)]
+    for net, bw, lat in NETWORKS:
+        for mode in ("allreduce", "master", "seed"):
+            effs = []
+            for n in ranks:
+                t = comm_time(mode, n, size, bw, lat)
+                effs.append((compute_s + update_s) / (compute_s + update_s + t))
+            lines.append(f"| {net} | {mode} | " + " | ".join(f"{100 * e:.0f}%" for e in effs)
+                         + " |")
+    return lines
+
+
 # ---- the section
 
 def run(quick: bool = False) -> str:
@@ -288,6 +329,24 @@ def run(quick: bool = False) -> str:
                          f"{m['compute_s']:.3f} | "
                          f"{m['straggler_gap_s'] / max(m['compute_s'], 1e-9):.2f} | "
                          f"{imb:.3f} |")
+    lines.append("")
+
+    # 4. paper projection from the measured compute per step
+    ref = 4 * 3.80e6  # the reference model (3-layer BLSTM 256, 40 in, 30 out): ~3.8M params
+    lines += ["### Projection to 8/64/256 ranks (paper, from the measured step)", "",
+              f"Weak scaling: each rank keeps {bf} padded frames per step; measured one-rank "
+              f"compute {one['compute_s']:.3f} s + update {one['update_s']:.4f} s per step; "
+              "exchange not overlapped; alpha-beta model of bench/ranks.py `comm_time` "
+              "(see docs/scaling.md). Default model, "
+              f"{size / 1e6:.2f} MB gradient:", ""]
+    lines += projection(one["compute_s"], one["update_s"], size)
+    lines += ["", f"Reference model ({ref / 1e6:.1f} MB gradient), assuming compute scales with "
+              "the parameter count:", ""]
+    scale = ref / size
+    lines += projection(one["compute_s"] * scale, one["update_s"] * scale, ref)
+    lines += ["", "Reference model on GPU ranks, assuming (not measured here) 20 ms compute + "
+              "update per step:", ""]
+    lines += projection(0.02, 0.0, ref)
     lines.append("")
     shutil.rmtree(work, ignore_errors=True)
     return "\n".join(lines)

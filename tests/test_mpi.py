@@ -173,6 +173,7 @@ def test_rank_that_raises_aborts_the_job_naming_it(tiny_config, tmp_path):
     r, secs = fault(2, tiny_config, tmp_path, 1, "raise")
     assert r.returncode != 0
     assert "[rank 1/2]" in r.stderr and "injected fault at step 3" in r.stderr
+    assert secs < 60  # start-up included; a hang would take dist.timeout_s = 120 s
     r, secs = fault(3, tiny_config, tmp_path, 2, "baddata")
     assert r.returncode != 0
     assert re.search(r"\[rank 2/3\] rnntrain train: error: /nonexistent/train.nc", r.stderr)
