@@ -102,8 +102,10 @@ class Exchange:
         # optimizer steps here: every rank in allreduce mode, rank 0 only in master mode
         self.updates = self.mode == "allreduce" or self.root
         cpu = flat.buf.device.type == "cpu"
-        # host staging buffers for GPU tensors (MPI reads host memory unless CUDA-aware)
-        self.host = flat.buf.numpy() if cpu else np.zeros(flat.buf.numel(), np.float32)
+        # GPU ranks stage the message in pinned host memory (MPI reads host memory unless
+        # it is CUDA-aware); on the CPU the flat buffer itself is the message (no copy)
+        self._pinned = None if cpu else torch.empty(flat.buf.numel(), pin_memory=True)
+        self.host = flat.buf.numpy() if cpu else self._pinned.numpy()
         n_params = sum(p.numel() for p in params)
         self.weights = np.zeros(n_params, np.float32)
         self.codec = WireCodec(self.wire, flat.numel) if self.wire != "fp32" else None
@@ -127,8 +129,8 @@ class Exchange:
             return
         what = f"gradient exchange of step {step}"
         flat = self.flat
-        if flat.buf.device.type != "cpu":
-            self.host[:] = flat.buf.cpu().numpy()
+        if self._pinned is not None:
+            self._pinned.copy_(flat.buf)
         if self.codec is None:
             buf = self.host
         else:
@@ -148,8 +150,8 @@ class Exchange:
             if flag:
                 stats[0] = np.nan  # some rank had Inf/NaN: the step is skipped everywhere
             self.host[: flat.numel], self.host[flat.numel:] = grad, stats
-        if flat.buf.device.type != "cpu":
-            flat.buf.copy_(torch.from_numpy(self.host))
+        if self._pinned is not None:
+            flat.buf.copy_(self._pinned, non_blocking=False)
 
     def step(self, opt: torch.optim.Optimizer):
         """The optimizer update, where this mode makes it."""
@@ -198,7 +200,7 @@ class Exchange:
         vec = _flatten(self.params).astype(np.float32)
         comm.bcast_(vec, 0, what="start-up weight broadcast")
         _unflatten(vec, self.params)
-        ostate = comm.bcast_obj(opt.state_dict() if self.root else None)
+        ostate = comm.bcast_obj(_to_cpu(opt.state_dict()) if self.root else None)
         if not self.root:
             opt.load_state_dict(ostate)
         state = comm.bcast_obj(dict(state) if self.root else None)
@@ -207,6 +209,17 @@ class Exchange:
             for v in s.values() if torch.is_tensor(v))
         comm.check_same(total, "weight and optimizer-state checksum after broadcast")
         return state
+
+
+def _to_cpu(obj):
+    """A state dict with every tensor on the CPU (so it unpickles on any rank's device)."""
+    if torch.is_tensor(obj):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
 
 
 def _flatten(params) -> np.ndarray:
