@@ -102,28 +102,24 @@ def random_shard_plan(ds, keep, batch_frames, seed, epoch, rank=0, world=1, shuf
     return plans[rank][:n]
 
 
-def frame_imbalance(plans: list[list]) -> float:
+def frame_imbalance(plans: list[list], lengths: np.ndarray) -> float:
     """Mean over steps of (max - min) / mean padded frames over ranks (0 = balanced)."""
-    from rnntrain.dataset import Dataset  # noqa: F401 (plans hold Steps only)
     out = []
     for steps in zip(*plans):
-        f = np.array([len(s.seqs) * _LEN[list(s.seqs)].max() if s.seqs else 0 for s in steps])
+        f = np.array([len(s.seqs) * lengths[list(s.seqs)].max() if s.seqs else 0
+                      for s in steps])
         out.append((f.max() - f.min()) / max(f.mean(), 1))
     return float(np.mean(out))
-
-
-_LEN = np.zeros(0)
 
 
 def _imbalance(data: Path, batch_frames: int, world: int, sharding: str) -> float:
     from rnntrain.dataset import Dataset
     from rnntrain.plan import make_plan
-    global _LEN
     ds = Dataset.open(str(data), 2_000_000)
-    _LEN = ds.lengths
     keep = ds.feasible(1)
     fn = make_plan if sharding == "ours" else random_shard_plan
-    return frame_imbalance([fn(ds, keep, batch_frames, 1, 0, r, world) for r in range(world)])
+    return frame_imbalance([fn(ds, keep, batch_frames, 1, 0, r, world) for r in range(world)],
+                           ds.lengths)
 
 
 # ---- the exchange alone, for bytes on the wire and its time

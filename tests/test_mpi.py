@@ -138,15 +138,15 @@ def test_n_ranks_train_like_one_rank_in_both_modes(tiny_config, tmp_path):
     r, _ = launch(2, "tests/mpi_train.py", out, tiny_config, *runs2)
     assert r.returncode == 0, r.stderr[-3000:]
     r, _ = launch(3, "tests/mpi_train.py", out, tiny_config, "ar3=dist.mode=allreduce",
-                  "ms3=dist.mode=master")
+                  "ms3=dist.mode=master", "bf3=dist.wire=bf16")
     assert r.returncode == 0, r.stderr[-3000:]
     w = {n: dict(np.load(out / f"{n}.npz")) for n in
-         ("serial", "ar2", "ms2", "bf2", "fp16m2", "ar3", "ms3")}
+         ("serial", "ar2", "ms2", "bf2", "fp16m2", "ar3", "ms3", "bf3")}
     for name in ("ar2", "ms2", "ar3", "ms3"):
         assert rel_diff(w["serial"], w[name]) <= 1e-5, name
     assert rel_diff(w["ar2"], w["ms2"]) <= 1e-5
     assert rel_diff(w["ar3"], w["ms3"]) <= 1e-5
-    for name in ("bf2", "fp16m2"):  # compressed wire: close, not equal
+    for name in ("bf2", "fp16m2", "bf3"):  # compressed wire: close, not equal
         assert 0 < rel_diff(w["serial"], w[name]) <= 5e-3, name
     # start-up: rank 0's weights, optimizer state and loop state reached every rank
     s = [np.load(out / f"sync-rank{r}.npy") for r in range(3)]
