@@ -255,12 +255,18 @@ def run(quick: bool = False) -> str:
              f"Measured with {cmd} (MPICH from pip, one node, shared memory unless said). "
              "Default model (2-layer BLSTM, 128 per direction), default synthetic task "
              f"({'600' if quick else '2000'} sequences), batch_frames = {bf}, 1 thread per "
-             "rank; figures are steady-state means over metric windows after the first.", ""]
+             "rank; figures are steady-state means over metric windows after the first "
+             f"(speed: best of {'1 run' if quick else '2 interleaved runs'} each).", ""]
 
-    # 1. speed
-    one = _train(1, cfg, work / "r1")
-    two = _train(2, cfg, work / "r2")
-    twom = _train(2, cfg, work / "r2m", "dist.mode=master")
+    # 1. speed: the runs interleaved, best of `rounds` each (the machine is shared)
+    rounds = 1 if quick else 2
+    best: dict[str, dict] = {}
+    for k in range(rounds):
+        for name, n, ov in (("one", 1, ()), ("two", 2, ()), ("twom", 2, ("dist.mode=master",))):
+            m = _train(n, cfg, work / f"{name}{k}", *ov)
+            if name not in best or m["frames_per_s"] > best[name]["frames_per_s"]:
+                best[name] = m
+    one, two, twom = best["one"], best["two"], best["twom"]
     lines += ["### Speed: 2 ranks x 1 thread vs 1 rank x 1 thread", "",
               "| run | frames/s | speed-up | step s | compute s | exchange s (incl. wait) "
               "| update s | straggler gap s |", "|---|---|---|---|---|---|---|---|"]
@@ -280,8 +286,12 @@ def run(quick: bool = False) -> str:
               "The exchange alone (no compute), forced over TCP loopback so that the "
               "kernel's per-socket counters (`ss -tinp`) see every byte each rank sends "
               "and receives; size = the fp32 gradient of the default model. Textbook: ring "
-              "allreduce sends 2(N-1)/N x size per rank; the seed's master scheme moves "
-              "(N-1) x size into rank 0 and (N-1) x size of weights out of it.", "",
+              "allreduce sends 2(N-1)/N x size per rank; the seed's master scheme (gather and "
+              "scatter through rank 0) moves (N-1) x size into rank 0 and (N-1) x size of "
+              "weights out of it. Our master mode uses MPI_Reduce + MPI_Bcast, which MPICH "
+              "runs as reduce-scatter + gather and scatter + allgather: less than the seed's "
+              "scheme at rank 0, but about twice the allreduce traffic. The 16-bit wire is "
+              "one custom-op element (recursive doubling): log2(N) x size/2 per rank.", "",
               "| ranks | mode | wire | rank 0 sent / received | other ranks sent / received "
               "(max) | textbook per rank | message handed to MPI | time/exchange (TCP) |",
               "|---|---|---|---|---|---|---|---|"]
@@ -296,7 +306,7 @@ def run(quick: bool = False) -> str:
             if mode == "allreduce":
                 book = f"{2 * (n - 1) / n:.2f} sent" + (" (fp32 ring)" if wire != "fp32" else "")
             else:
-                book = f"rank 0: {n - 1} in + {n - 1} out; others 1 + 1"
+                book = f"seed's scheme: rank 0 {n - 1} in + {n - 1} out"
             lines.append(f"| {n} | {mode} | {wire} | {sent[0]:.2f} / {recv[0]:.2f} | "
                          f"{sent[1:].max():.2f} / {recv[1:].max():.2f} | {book} | "
                          f"{x['handed'][0] / size:.2f} x size (rank 0) | "
@@ -336,11 +346,7 @@ def run(quick: bool = False) -> str:
               "(see docs/scaling.md). Default model, "
               f"{size / 1e6:.2f} MB gradient:", ""]
     lines += projection(one["compute_s"], one["update_s"], size)
-    lines += ["", f"Reference model ({ref / 1e6:.1f} MB gradient), assuming compute scales with "
-              "the parameter count:", ""]
-    scale = ref / size
-    lines += projection(one["compute_s"] * scale, one["update_s"] * scale, ref)
-    lines += ["", "Reference model on GPU ranks, assuming (not measured here) 20 ms compute + "
+    lines += ["", f"Reference model ({ref / 1e6:.1f} MB gradient) on GPU ranks, assuming (not measured here) 20 ms compute + "
               "update per step:", ""]
     lines += projection(0.02, 0.0, ref)
     lines.append("")
