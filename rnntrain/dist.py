@@ -174,6 +174,7 @@ class MPIComm(LocalComm):
 
     def abort(self, msg: str, code: int = 1):
         print(f"[rank {self.rank}/{self.size}] {msg}", file=sys.stderr, flush=True)
+        time.sleep(0.2)  # let the launcher forward the message before it kills the job
         self.comm.Abort(code)
         os._exit(code)  # MPICH's Abort can return after notifying the launcher
 
@@ -288,6 +289,10 @@ def fail(exc: BaseException):
     comm = _COMM
     if comm is None or comm.size == 1 or isinstance(exc, SystemExit):
         return
+    if comm.rank != 0:
+        # when every rank fails alike (a check that all ranks make), let rank 0 report
+        # alone: two simultaneous aborts can lose both messages in the launcher
+        time.sleep(1.0)
     if isinstance(exc, UserError):
         comm.abort(f"rnntrain train: error: {exc}", code=2)
     elif isinstance(exc, KeyboardInterrupt):
