@@ -18,7 +18,12 @@ def _cmd_train(args) -> int:
         from . import trace
         trace.configure(args.trace, trace.parse_window(args.trace_steps))
     from .train import train  # torch: imported once the arguments are known to be good
-    train(cfg, args.config, args.overrides, resume=args.resume)
+    try:
+        train(cfg, args.config, args.overrides, resume=args.resume)
+    except BaseException as e:
+        from . import dist
+        dist.fail(e)  # under MPI: name this rank and abort the whole job (no hang)
+        raise
     return 0
 
 

@@ -24,9 +24,10 @@ from . import dist
 from . import trace
 from .config import Config, to_dict, to_toml
 from .dataset import Dataset, check_compatible
-from .device import NanGuard, autocast_dtype, host_every, masked_step, pick_device, worker_start
+from .device import NanGuard, autocast_dtype, host_every, pick_device, worker_start
 from .errors import UserError
 from .evaluate import evaluate
+from .exchange import Exchange
 from .manifest import remainder_note
 from .model import build_model, count_params, init_uniform
 from .optim import build_optimizer, lr_factor, set_lr
@@ -89,6 +90,8 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                                                                      resolved)
     log = RunLog(run_dir if rank == 0 else None)
     log.write_text("config.toml", resolved)
+    if comm.size > 1:
+        log.info(comm.roster())
     if not keep.all():
         log.info(describe_skipped(train_ds, keep, "train"))
     if keep.sum() == 0:
@@ -103,14 +106,15 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     params = list(model.parameters())
     opt = build_optimizer(cfg.optim, params, fused=device.type == "cuda")
     flat = FlatGrad(params, device)
+    exch = Exchange(comm, cfg.dist, flat, params)
     state = {"epoch": 0, "pos": 0, "step": 0, "best_ler": math.inf, "since_best": 0}
-    if resume:
+    if resume and rank == 0:  # the other ranks receive it in sync_start
         ck = resume_checkpoint(resume, run_dir, train_ds, cfg)
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optim"])
         state.update(ck["state"])
         log.info(f"resumed from {ck['path']} at epoch {state['epoch']} step {state['step']}")
-    sync_parameters(comm, params)
+    state = exch.sync_start(model, opt, state)  # rank 0's weights/optimizer, checksummed
 
     plan0 = make_plan(train_ds, keep, tc.batch_frames, tc.seed, 0, rank, comm.size,
                       round_lengths=tc.round_lengths)
@@ -162,14 +166,14 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                 t2 = time.perf_counter()
                 flat.reduce_tasks(computer.buffers[: len(tasks)], results)
                 t3 = time.perf_counter()
-                allreduce(comm, flat)  # gradients and counts in one collective
+                exch.reduce(state["step"] + 1, t2 - t1)  # gradients and counts: one collective
                 t4 = time.perf_counter()
                 scaler = computer.scaler  # fp16 only; device-side, no host reads below
                 norm, finite = flat.normalize_and_clip(cfg.optim.normalize, cfg.optim.clip_norm,
                                                        scaler.scale if scaler.enabled else None)
                 set_lr(opt, cfg.optim.lr * lr_factor(cfg.optim, state["step"], len(plan),
                                                      total_steps))
-                masked_step(opt, finite)  # skipped on NaN/Inf
+                exch.step(opt, finite)  # skipped on NaN/Inf; master mode: rank 0 only
                 guard.add(finite | scaler.update(finite, flat.stats_tensor[0]))
                 if (state["step"] + 1) % every == 0 or i == len(plan) - 1:
                     skipped, worst = guard.read()
@@ -180,6 +184,7 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                         raise UserError(f"{worst} steps in a row with NaN/Inf loss or "
                                         f"gradient (last batch: sequences "
                                         f"{', '.join(train_ds.tag(s) for s in step.seqs[:8])})")
+                exch.publish(state["step"] + 1)  # master mode: rank 0's weights to all
                 t5 = time.perf_counter()
                 trace.phases(state["step"], (t0, t1, t2, t3, t4, t5), seqs=len(step.seqs))
                 state["step"] += 1
@@ -188,8 +193,8 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                                                           t5 - t4],
                         padding_ratio([step], train_ds.lengths))
                 bar.update(1)
-                if log_now:
-                    rec = per_rank_split(comm, acc.flush())
+                if log_now:  # collectives: every rank logs at the same steps
+                    rec = per_rank_split(comm, {**acc.flush(), **exch.window()})
                     bar.set_postfix(loss=f"{rec['loss']:.3f}", ler=f"{rec['ler']:.3f}",
                                     fps=f"{rec['frames_per_s']:.0f}")
                     log.metrics(split="train", epoch=epoch, step=state["step"],
@@ -283,26 +288,6 @@ class Window:
                                             "update_s"), self.split)}}
         self.__init__(self.device)
         return rec
-
-
-def allreduce(comm, flat: FlatGrad):
-    if comm.size == 1:
-        return
-    if flat.buf.device.type == "cpu":
-        comm.allreduce_(flat.buf.numpy())
-    else:  # through host memory unless the MPI is CUDA-aware
-        host = flat.buf.cpu().numpy()
-        flat.buf.copy_(torch.from_numpy(comm.allreduce_(host)))
-
-
-def sync_parameters(comm, params):
-    """Rank 0's weights everywhere, then check that every rank holds the same bytes."""
-    if comm.size == 1:
-        return
-    vec = torch.nn.utils.parameters_to_vector(params).detach().cpu().contiguous()
-    comm.bcast_(vec.numpy(), root=0)
-    torch.nn.utils.vector_to_parameters(vec.to(params[0].device), params)
-    comm.check_same(float(vec.double().sum()), "parameter checksum after broadcast")
 
 
 def save(log: RunLog, cfg, model, opt, state, ds, name: str):
