@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-import signal
-import threading
+import sys
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from .config import Config, to_dict, to_toml
 from .dataset import Dataset, check_compatible
 from .errors import UserError
 from .evaluate import evaluate
+from .faults import BadSteps, StopFlag, pause_point
 from .model import build_model, count_params, init_uniform
 from .optim import build_optimizer, lr_factor, set_lr
 from .plan import chunk_order, make_plan, padding_ratio
@@ -44,26 +44,6 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
         torch.cuda.set_device(idx)
         return torch.device("cuda", idx)
     return torch.device("cpu")
-
-
-class StopFlag:
-    """SIGINT/SIGTERM ask the loop to stop at the next step boundary (with a checkpoint)."""
-
-    def __init__(self):
-        self.signal = None
-        self._old = {}
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
-                self._old[s] = signal.signal(s, self._handle)
-
-    def _handle(self, signum, _frame):
-        if self.signal is not None:  # a second Ctrl-C: stop now
-            raise KeyboardInterrupt
-        self.signal = signal.Signals(signum).name
-
-    def restore(self):
-        for s, h in self._old.items():
-            signal.signal(s, h)
 
 
 def describe_skipped(ds: Dataset, keep: np.ndarray, what: str) -> str:
@@ -96,6 +76,8 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     log.write_text("config.toml", resolved)
     if not keep.all():
         log.info(describe_skipped(train_ds, keep, "train"))
+    if val_keep is not None and not val_keep.all():
+        log.info(describe_skipped(val_ds, val_keep, "val"))
     if keep.sum() == 0:
         raise UserError(f"{cfg.data.train}: no sequence is long enough for its target")
 
@@ -110,11 +92,10 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     flat = FlatGrad(params, device)
     state = {"epoch": 0, "pos": 0, "step": 0, "best_ler": math.inf, "since_best": 0}
     if resume:
-        ck = resume_checkpoint(resume, run_dir, train_ds, cfg)
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optim"])
+        ck = resume_checkpoint(comm, resume, run_dir, train_ds, model, opt, cfg)
         state.update(ck["state"])
-        log.info(f"resumed from {ck['path']} at epoch {state['epoch']} step {state['step']}")
+        log.info(f"resumed from {ck['path']} at epoch {state['epoch'] + 1} step {state['step']}")
+    bad = BadSteps(state, tc.max_bad_steps)
     sync_parameters(comm, params)
 
     plan0 = make_plan(train_ds, keep, tc.batch_frames, tc.seed, 0, rank, comm.size)
@@ -129,7 +110,7 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     pool = WorkerPool(computer, workers, tc.intra_threads,
                       on_start=lambda w: torch.set_num_threads(tc.intra_threads))
     stop = StopFlag()
-    last_ckpt_time, bad_steps = time.monotonic(), 0
+    last_ckpt_time = time.monotonic()
     try:
         for epoch in range(state["epoch"], tc.epochs):
             plan = make_plan(train_ds, keep, tc.batch_frames, tc.seed, epoch, rank, comm.size)
@@ -158,18 +139,11 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                 allreduce(comm, flat)  # gradients and counts in one collective
                 t4 = time.perf_counter()
                 norm, finite = flat.normalize_and_clip(cfg.optim.normalize, cfg.optim.clip_norm)
-                if finite:
+                if bad.record(finite, state["step"] + 1, [train_ds.tag(s) for s in step.seqs],
+                              log):  # a NaN/Inf step leaves weights and optimizer untouched
                     set_lr(opt, cfg.optim.lr * lr_factor(cfg.optim, state["step"], len(plan),
                                                          total_steps))
                     opt.step()
-                    bad_steps = 0
-                else:
-                    bad_steps += 1
-                    log.info(f"step {state['step']}: loss or gradient is NaN/Inf; update skipped")
-                    if bad_steps >= tc.max_bad_steps:
-                        raise UserError(f"{bad_steps} steps in a row with NaN/Inf loss or "
-                                        f"gradient (last batch: sequences "
-                                        f"{', '.join(train_ds.tag(s) for s in step.seqs[:8])})")
                 t5 = time.perf_counter()
                 state["step"] += 1
                 state["pos"] = i + 1
@@ -184,14 +158,17 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                                 lr=opt.param_groups[0]["lr"], **rec)
                 due = (cfg.checkpoint.every_steps and state["step"] % cfg.checkpoint.every_steps == 0) \
                     or time.monotonic() - last_ckpt_time > 60 * cfg.checkpoint.every_minutes
-                if due or stop.signal:
+                pause_point("step", state["step"])
+                stopping = stop.should_stop(comm)
+                if due or stopping:
                     save(log, cfg, model, opt, state, train_ds, f"step-{state['step']:08d}.pt")
                     last_ckpt_time = time.monotonic()
-                if stop.signal:
+                if stopping:
                     bar.close()
                     reader.close()
-                    log.info(f"stopped by {stop.signal} after step {state['step']}; resume with: "
-                             f"rnntrain train {config_path or 'CONFIG'} run.dir={run_dir} --resume")
+                    log.info(f"stopped by {stop.signal} after step {state['step']}; checkpoint "
+                             f"saved; resume with: rnntrain train {config_path or 'CONFIG'} "
+                             f"{' '.join(overrides)} run.dir={run_dir} --resume".replace("  ", " "))
                     return run_dir
             bar.close()
             reader.close()
@@ -281,38 +258,20 @@ def sync_parameters(comm, params):
 
 
 def save(log: RunLog, cfg, model, opt, state, ds, name: str):
-    if log.checkpoints is None:
-        return
-    ckpt.save_atomic({"format": ckpt.FORMAT_VERSION, "model": model.state_dict(),
-                      "optim": opt.state_dict(), "state": dict(state), "config": to_dict(cfg),
-                      "labels": list(ds.labels), "input_size": ds.input_size},
-                     log.checkpoints / name)
-    if name.startswith("step-"):
-        ckpt.prune(log.checkpoints, cfg.checkpoint.keep_last)
+    ckpt.save_training(log.checkpoints, name, cfg, model, opt, state, ds,
+                       cfg.checkpoint.keep_last)
 
 
-def resume_checkpoint(resume: str, run_dir: Path, ds: Dataset, cfg) -> dict:
-    """``--resume auto`` (newest in the run folder) or a path; falls back to older ones."""
-    folder = run_dir / "checkpoints"
-    if resume == "auto":
-        cands = ckpt.step_checkpoints(folder)[::-1] + [folder / "last.pt"]
-        cands = [c for c in cands if c.exists()]
-        cands.sort(key=lambda p: -p.stat().st_mtime)
-        if not cands:
-            raise UserError(f"--resume auto: no checkpoint in {folder}")
-    else:
-        cands = [Path(resume)]
-    for i, path in enumerate(cands):
+def resume_checkpoint(comm, resume: str, run_dir: Path, ds: Dataset, model, opt, cfg) -> dict:
+    """Rank 0 picks the checkpoint (falling back past unusable ones); every rank loads it."""
+    ck, err, model_cfg = None, None, to_dict(cfg)["model"]
+    if comm.rank == 0:
         try:
-            ck = ckpt.load(path)
-            if ck["input_size"] != ds.input_size or ck["labels"] != ds.labels:
-                raise UserError(f"{path}: inputPattSize/alphabet differ from {ds.source}")
-            if ck["config"]["model"] != to_dict(cfg)["model"]:
-                raise UserError(f"{path}: model section differs from the config")
-            ck["path"] = str(path)
-            return ck
+            ck = ckpt.load_for_resume(resume, run_dir, ds, model, opt, model_cfg,
+                                      warn=lambda m: print(m, file=sys.stderr, flush=True))
         except UserError as e:
-            if i == len(cands) - 1:
-                raise
-            print(f"warning: {e}; falling back to {cands[i + 1]}", flush=True)
-    raise AssertionError("unreachable")
+            err = str(e)
+    path, err = comm.bcast_obj((ck and ck["path"], err))
+    if err:
+        raise UserError(err)
+    return ck or ckpt.load_for_resume(path, run_dir, ds, model, opt, model_cfg)
