@@ -74,7 +74,8 @@ def _open(path, mode="r"):
     try:
         return _nc().Dataset(path, mode)
     except OSError as e:  # netCDF4 says "[Errno -51] NetCDF: Unknown file format" etc.
-        raise DataError(path, f"cannot open as NetCDF ({e.strerror or e})") from None
+        raise DataError(path, f"cannot open as NetCDF ({e.strerror or e}): not a NetCDF "
+                              "file, or a truncated or damaged one") from None
 
 
 def _strings(ds, name: str, path: str, required: bool) -> list[str] | None:
@@ -92,6 +93,8 @@ def _strings(ds, name: str, path: str, required: bool) -> list[str] | None:
                               f"{var.dimensions}", var=name)
     var.set_auto_chartostring(False)
     raw = np.asarray(var[:])
+    if raw.size == 0:  # a zero-length dimension (an empty alphabet, no sequences)
+        return [] if raw.shape[0] == 0 else [""] * raw.shape[0]
     out = []
     for row in raw.view(np.uint8).reshape(raw.shape[0], -1) if raw.dtype.kind == "S" else raw:
         b = bytes(row)
@@ -99,10 +102,94 @@ def _strings(ds, name: str, path: str, required: bool) -> list[str] | None:
     return out
 
 
+_NC_TYPE_SIZE = {1: 1, 2: 1, 3: 2, 4: 4, 5: 4, 6: 8, 7: 1, 8: 2, 9: 4, 10: 8, 11: 8}
+
+
+def classic_data_end(path) -> int | None:
+    """Bytes a netCDF-3 (classic, 64-bit offset or CDF-5) file must have, from its header;
+    None for other formats or a header too damaged to parse (netCDF reports those).
+
+    The netCDF library reads missing bytes of a truncated classic file as fill values
+    (zeros) without an error, so truncation must be detected from the header's offsets.
+    """
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+        if len(head) < 4 or head[:3] != b"CDF" or head[3] not in (1, 2, 5):
+            return None
+        v = head[3]
+        data = head + fh.read(1 << 20)  # a header larger than 1 MiB: read on demand below
+        more = fh
+        pos = 4
+        w = 8 if v == 5 else 4  # width of counts (and dimension ids/lengths)
+
+        def take(n):
+            nonlocal data, pos
+            while pos + n > len(data):
+                chunk = more.read(1 << 20)
+                if not chunk:
+                    raise EOFError
+                data += chunk
+            out = data[pos:pos + n]
+            pos += n
+            return out
+
+        def uint(n):
+            return int.from_bytes(take(n), "big")
+
+        def name():
+            n = uint(w)
+            take((n + 3) // 4 * 4)
+
+        def atts():
+            tag, n = uint(4), uint(w)
+            assert tag in (0, 0x0C)
+            for _ in range(n):
+                name()
+                t, k = uint(4), uint(w)
+                take((k * _NC_TYPE_SIZE[t] + 3) // 4 * 4)
+
+        try:
+            numrecs = uint(w)
+            tag, ndims = uint(4), uint(w)
+            dims = []
+            for _ in range(ndims):
+                name()
+                dims.append(uint(w))
+            atts()
+            tag, nvars = uint(4), uint(w)
+            end, rec_begin, rec_size = 0, None, 0
+            for _ in range(nvars):
+                name()
+                ids = [uint(w) for _ in range(uint(w))]
+                atts()
+                uint(4)  # type
+                vsize = uint(w)
+                begin = uint(8 if v in (2, 5) else 4)
+                if ids and dims[ids[0]] == 0:  # a record variable
+                    rec_begin = begin if rec_begin is None else min(rec_begin, begin)
+                    rec_size += vsize
+                else:
+                    end = max(end, begin + vsize)
+        except (EOFError, AssertionError, KeyError, IndexError):
+            return None
+    if rec_begin is not None and numrecs != 0xFFFFFFFF:
+        end = max(end, rec_begin + numrecs * rec_size - 3)  # the last record may be unpadded
+    return end
+
+
+def check_not_truncated(path):
+    need = classic_data_end(path)
+    size = os.path.getsize(path)
+    if need is not None and size < need:
+        raise DataError(path, f"truncated file: {size} bytes, its header says at least "
+                              f"{need} (an interrupted copy or download?)")
+
+
 def read_header(path) -> NcHeader:
     """Read and validate everything but the inputs. Raises DataError naming file/var/seq."""
     path = str(path)
     with NC_LOCK, _open(path) as ds:
+        check_not_truncated(path)
         dims = ds.dimensions
         for d in ("numSeqs", "inputPattSize"):
             if d not in dims:
