@@ -141,21 +141,24 @@ def _position(ck: dict) -> tuple:
     return (s["epoch"], s["pos"], s["step"])
 
 
-def resume_candidates(folder: Path) -> list[Path]:
-    """``--resume auto``: the step checkpoints and last.pt, newest training position first.
+def resume_candidates(folder: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """``--resume auto``: (usable files, newest training position first; [(unreadable
+    file, why)]) among the step checkpoints and last.pt.
 
-    Ordered by the position stored in each file (not by mtime); unreadable files sort last
-    so that they are tried (and reported) only after every readable one.
+    Ordered by the position stored in each file, not by mtime or name: last.pt written at
+    an epoch end is newer than the step checkpoint of the same step.
     """
-    cands = [p for p in step_checkpoints(folder)[::-1] + [Path(folder) / "last.pt"]
-             if p.exists()]
-
-    def key(p):
+    folder = Path(folder)
+    found = [p for p in step_checkpoints(folder) + [folder / "last.pt"] if p.exists()]
+    good, broken = [], []
+    for p in found:
         try:
-            return (0, tuple(-v for v in _position(load(p))))
-        except (UserError, KeyError, TypeError):
-            return (1, ())
-    return sorted(cands, key=key)
+            good.append((tuple(-v for v in _position(load(p))), p))
+        except UserError as e:
+            broken.append((p, str(e)))
+        except (KeyError, TypeError):
+            broken.append((p, f"{p}: checkpoint lacks the training position"))
+    return [p for _, p in sorted(good)], broken
 
 
 def check_matches(ck: dict, path, ds, model_cfg: dict):
@@ -184,9 +187,15 @@ def load_for_resume(resume: str, run_dir: Path, ds, model, opt, model_cfg: dict,
     folder = Path(run_dir) / "checkpoints"
     if resume == "auto":
         remove_stale_temps(folder)
-        cands = resume_candidates(folder)
-        if not cands:
+        cands, broken = resume_candidates(folder)
+        if not cands and not broken:
             raise UserError(f"--resume auto: no checkpoint in {folder}")
+        for path, why in broken:
+            warn(f"warning: {why}; skipping it" +
+                 (f", falling back to {cands[0]}" if cands else ""))
+        if not cands:
+            raise UserError(f"--resume auto: no usable checkpoint in {folder} "
+                            f"({len(broken)} unreadable; {broken[-1][1]})")
     else:
         cands = [Path(resume)]
     errors = []

@@ -198,6 +198,8 @@ def read_header(path) -> NcHeader:
             raise DataError(path, f"numDims = {dims['numDims'].size}: only 1-D sequences "
                                   "are supported (2-D data such as images is not)")
         n, f = dims["numSeqs"].size, dims["inputPattSize"].size
+        if f == 0:
+            raise DataError(path, "inputPattSize = 0: a frame needs at least one feature")
         if "inputs" not in ds.variables:
             raise DataError(path, "missing variable", var="inputs")
         inp = ds.variables["inputs"]

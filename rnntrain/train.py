@@ -110,7 +110,7 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     pool = WorkerPool(computer, workers, tc.intra_threads,
                       on_start=lambda w: torch.set_num_threads(tc.intra_threads))
     stop = StopFlag()
-    last_ckpt_time = time.monotonic()
+    last_ckpt_time, bar, reader = time.monotonic(), None, None
     try:
         for epoch in range(state["epoch"], tc.epochs):
             plan = make_plan(train_ds, keep, tc.batch_frames, tc.seed, epoch, rank, comm.size)
@@ -200,7 +200,10 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
             log.info(f"training done; evaluate the test set with: rnntrain eval "
                      f"{run_dir}/checkpoints/best.pt {cfg.data.test}")
         return run_dir
-    finally:
+    finally:  # on an error too: the bar must not redraw after the error message
+        for obj in (bar, reader):
+            if obj is not None:
+                obj.close()
         stop.restore()
         pool.close()
         log.close()

@@ -19,8 +19,8 @@ from tests.badinput import BAD_FILES, good_parts, write_nc
 from tests.conftest import ROOT, run_cli
 
 
-def config(tmp_path, train, val=None, name="exp.toml", **sections) -> str:
-    text = f'[data]\ntrain = "{train}"\n' + (f'val = "{val}"\n' if val else "")
+def config(tmp_path, train_file, val=None, name="exp.toml", **sections) -> str:
+    text = f'[data]\ntrain = "{train_file}"\n' + (f'val = "{val}"\n' if val else "")
     body = {"model": {"layers": 1, "hidden": 8},
             "train": {"epochs": 1, "batch_frames": 200, "threads": 1}}
     for sec, kv in sections.items():
@@ -197,51 +197,62 @@ def test_disk_full_while_checkpointing_keeps_previous(tmp_path, synth_pair):
     assert ok.returncode == 0, ok.stderr[-2000:]
 
 
-def _spiky(tmp_path, spike_seqs):
-    """Good data, with some sequences' frames scaled to 3e38 (finite, but the forward
-    pass overflows to NaN/Inf)."""
+def _spiky_run(tmp_path, spike_seqs, **train_section):
+    """A run folder whose resumable checkpoint ignores input feature 0 (its input weights
+    are zero) and a data file where feature 0 is 0 except in ``spike_seqs``, where it is
+    1e30: the forward pass stays finite, but the gradient of those weights (1e30 x the
+    backpropagated error) has a non-finite norm. Returns (config, run folder)."""
     parts = good_parts(n=12)
     x = parts["inputs"].copy()
+    x[:, 0] = 0.0
+    good = write_nc(tmp_path / "good.nc", dict(parts, inputs=x.copy()))
     offs = np.concatenate([[0], np.cumsum(parts["lengths"])])
     for s in spike_seqs:
-        x[offs[s]:offs[s + 1]] = np.sign(x[offs[s]:offs[s + 1]]) * 3e38
-    parts["inputs"] = x
-    return write_nc(tmp_path / "spiky.nc", parts)
+        x[offs[s]:offs[s + 1], 0] = 1e30
+    spiky = write_nc(tmp_path / "spiky.nc", dict(parts, inputs=x))
+    sections = {"train": {"batch_frames": 40, "epochs": 1, **train_section},
+                "checkpoint": {"every_steps": 1, "keep_last": 100}}
+    first = tmp_path / "first"
+    p = train(config(tmp_path, good, name="good.toml", **sections), f"run.dir={first}")
+    assert p.returncode == 0, p.stderr[-2000:]
+    ck = torch.load(first / "checkpoints" / "last.pt", weights_only=True)
+    for k, v in ck["model"].items():
+        if k.startswith("rnn") and "weight_ih_l0" in k:
+            v[:, 0] = 0.0
+    ck["state"].update(epoch=0, pos=0, step=0)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    torch.save(ck, run / "checkpoints" / "step-00000000.pt")
+    return config(tmp_path, spiky, **sections), run
 
 
 def test_nan_step_skipped_and_counted(tmp_path):
-    """A NaN/Inf step is skipped: the weights and optimizer state after it equal those
-    before it (step checkpoints every step), other steps change them, and it is counted."""
-    path = _spiky(tmp_path, [5])
-    run = tmp_path / "run"
-    cfg = config(tmp_path, path, train={"batch_frames": 40, "epochs": 1},
-                 checkpoint={"every_steps": 1, "keep_last": 100})
-    p = train(cfg, f"run.dir={run}")
+    """A step with a non-finite gradient is skipped: the weights and optimizer state after
+    it equal those before it (step checkpoints every step), the next step changes them,
+    and it is counted in the log and the checkpoint."""
+    cfg, run = _spiky_run(tmp_path, [5])
+    p = train(cfg, f"run.dir={run}", "--resume", "auto")
     assert p.returncode == 0, p.stderr[-3000:]
     skipped = [ln for ln in p.stderr.splitlines() if "update skipped" in ln]
     assert len(skipped) == 1 and "utt5" in skipped[0], p.stderr[-3000:]
     bad_step = int(skipped[0].split("step ")[1].split(":")[0])
     cks = {s: torch.load(run / "checkpoints" / f"step-{s:08d}.pt", weights_only=True)
-           for s in range(1, bad_step + 2) if (run / "checkpoints" / f"step-{s:08d}.pt").exists()}
-    assert cks[bad_step]["state"]["bad_total"] == 1
-    prev = cks[bad_step - 1] if bad_step > 1 else None
-    after, nxt = cks[bad_step], cks.get(bad_step + 1)
-    if prev is not None:
-        for k, v in prev["model"].items():
-            assert torch.equal(v, after["model"][k]), "a skipped step changed the weights"
-        assert all(torch.equal(prev["optim"]["state"][i]["exp_avg"],
-                               after["optim"]["state"][i]["exp_avg"])
-                   for i in prev["optim"]["state"])
-    if nxt is not None:
-        assert any(not torch.equal(v, nxt["model"][k]) for k, v in after["model"].items())
-    for ck in cks.values():
-        assert all(torch.isfinite(v).all() for v in ck["model"].values())
+           for s in range(bad_step - 1, bad_step + 2)}
+    prev, after, nxt = cks[bad_step - 1], cks[bad_step], cks[bad_step + 1]
+    assert after["state"]["bad_total"] == 1 and prev["state"].get("bad_total", 0) == 0
+    for k, v in prev["model"].items():
+        assert torch.equal(v, after["model"][k]), f"a skipped step changed {k}"
+    for i, st in prev["optim"]["state"].items():
+        for k, v in st.items():
+            assert torch.equal(v, after["optim"]["state"][i][k]), f"optimizer {i}.{k} changed"
+    assert any(not torch.equal(v, nxt["model"][k]) for k, v in after["model"].items())
+    assert all(torch.isfinite(v).all() for v in nxt["model"].values())
+    assert "update skipped" in (run / "train.log").read_text()
 
 
 def test_nan_steps_in_a_row_stop_the_run(tmp_path):
-    path = _spiky(tmp_path, range(12))
-    cfg = config(tmp_path, path, train={"batch_frames": 40, "max_bad_steps": 2})
-    p = train(cfg, f"run.dir={tmp_path / 'run'}")
+    cfg, run = _spiky_run(tmp_path, range(12), max_bad_steps=2)
+    p = train(cfg, f"run.dir={run}", "--resume", "auto")
     assert_clean_error(p, "2 steps in a row with NaN/Inf", "train.max_bad_steps = 2",
                        "sequences utt")
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import netCDF4
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import HealthCheck, event, given, reject, settings
 from hypothesis import strategies as st
 
 from rnntrain.config import load_config, parse_override
@@ -44,29 +44,68 @@ def alarm(seconds: int):
         signal.signal(signal.SIGALRM, old)
 
 
-DIM_NAMES = ["numSeqs", "numTimesteps", "inputPattSize", "numLabels", "numDims",
-             "maxLabelLength", "maxTargStringLength", "maxSeqTagLength", "other"]
-VAR_NAMES = ["inputs", "seqLengths", "seqDims", "labels", "targetStrings", "seqTags", "x"]
 TYPES = ["i1", "i2", "i4", "f4", "f8", "S1"]
 FORMATS = ["NETCDF3_64BIT_OFFSET", "NETCDF3_CLASSIC", "NETCDF4"]
+TOKENS = ["a", "b", "c", "", "a b", "zz"]  # with names no alphabet may hold
 
 
 @st.composite
 def nc_headers(draw):
-    dims = draw(st.dictionaries(st.sampled_from(DIM_NAMES), st.integers(0, 6), min_size=1))
-    names = list(dims)
-    variables = draw(st.lists(st.tuples(
-        st.sampled_from(VAR_NAMES), st.sampled_from(TYPES),
-        st.lists(st.sampled_from(names), min_size=0, max_size=2),
-        st.integers(0, 2**31 - 1)), max_size=7, unique_by=lambda v: v[0]))
-    return draw(st.sampled_from(FORMATS)), dims, variables
+    """An RNNLIB layout with every part randomly kept, dropped, resized or retyped, so that
+    examples reach the deep checks (lengths, alphabet, targets, frames), not only the first."""
+    # mutation decisions come from a drawn seed: hypothesis would pick its favourite
+    # boundary values (0 = "drop it") far more often than the rates written here
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+
+    def chance(p):
+        return rng.random() < p
+    n, f, nl = draw(st.integers(0, 4)), draw(st.integers(0, 4)), draw(st.integers(0, 4))
+    lengths = draw(st.lists(st.integers(-1, 6) if chance(0.2) else st.integers(1, 6),
+                            min_size=n, max_size=n))
+    total = sum(lengths) if chance(0.8) else draw(st.integers(0, 20))
+    labels = draw(st.lists(st.sampled_from(TOKENS if chance(0.1) else ["a", "b", "c", "d"]),
+                           min_size=nl, max_size=nl, unique=chance(0.9)))
+    pool = TOKENS if chance(0.1) or not labels else labels
+    targets = [" ".join(draw(st.lists(st.sampled_from(pool), max_size=4))) for _ in range(n)]
+    dims = {"numSeqs": n, "numTimesteps": max(total, 0), "inputPattSize": f,
+            "numLabels": nl, "numDims": 1,
+            "maxLabelLength": 4, "maxTargStringLength": 12, "maxSeqTagLength": 6}
+    if chance(0.1):
+        dims["numDims"] = int(rng.integers(0, 4))
+    dims = {k: (int(rng.integers(0, 7)) if chance(0.05) else v)
+            for k, v in dims.items() if not chance(0.03)}
+    canon = {"inputs": ("f4", ("numTimesteps", "inputPattSize")),
+             "seqLengths": ("i4", ("numSeqs",)), "seqDims": ("i4", ("numSeqs", "numDims")),
+             "labels": ("S1", ("numLabels", "maxLabelLength")),
+             "targetStrings": ("S1", ("numSeqs", "maxTargStringLength")),
+             "seqTags": ("S1", ("numSeqs", "maxSeqTagLength"))}
+    variables = []
+    for name, (dtype, vdims) in canon.items():
+        if chance(0.04) or (name == "seqDims" and chance(0.5)):
+            continue  # dropped
+        if chance(0.06):
+            dtype = TYPES[rng.integers(len(TYPES))]
+        if chance(0.06) or any(d not in dims for d in vdims):
+            vdims = tuple(rng.choice(sorted(dims), size=rng.integers(0, 3))) if dims else ()
+        variables.append((name, dtype, vdims, int(rng.integers(2**31))))
+    content = {"seqLengths": lengths, "labels": labels, "targetStrings": targets,
+               "seqTags": [f"t{i}" for i in range(n)]}
+    return draw(st.sampled_from(FORMATS)), dims, variables, content
 
 
-def _values(dtype, shape, seed):
+def _values(name, dtype, shape, seed, content):
     rng = np.random.default_rng(seed)
+    if dtype == "S1" and name in content and len(shape) == 2:
+        out = np.zeros(shape, dtype="S1")
+        for i, s in enumerate(content[name][: shape[0]]):
+            b = s.encode()[: shape[1]]
+            out[i, :len(b)] = np.frombuffer(b, dtype="S1") if b else out[i, :0]
+        return out
     if dtype == "S1":
-        alphabet = np.frombuffer(b"ab c\0\0L0 1", dtype="S1")
-        return rng.choice(alphabet, size=shape)
+        return rng.choice(np.frombuffer(b"ab c\0\0L0 1", dtype="S1"), size=shape)
+    if dtype.startswith("i") and name in ("seqLengths", "seqDims") and len(shape):
+        le = np.resize(np.asarray(content["seqLengths"] or [1], dtype=np.int64), shape[0])
+        return np.resize(le[:, None] if len(shape) == 2 else le, shape).astype(dtype)
     kind = rng.integers(3)
     if dtype.startswith("f"):
         vals = rng.normal(scale=10.0 ** rng.integers(0, 40), size=shape)
@@ -82,10 +121,10 @@ def _values(dtype, shape, seed):
 @FUZZ
 @given(header=nc_headers())
 def test_fuzz_netcdf_headers(tmp_path_factory, header):
-    fmt, dims, variables = header
+    fmt, dims, variables, content = header
     path = tmp_path_factory.mktemp("fz") / "f.nc"
     try:
-        write_header(path, fmt, dims, variables)
+        write_header(path, fmt, dims, variables, content)
     except (RuntimeError, ValueError, TypeError, OSError):
         reject()  # netCDF4 itself refuses this layout (e.g. an unlimited dimension not first)
     with alarm(20):
@@ -94,11 +133,12 @@ def test_fuzz_netcdf_headers(tmp_path_factory, header):
             for k in range(len(data.chunks)):
                 data.load_chunk(k)
             data.feasible(2)
-        except UserError:
-            pass
+            event("loaded")
+        except UserError as e:
+            event(f"UserError: {str(e).split(': ', 1)[-1][:40]}")
 
 
-def write_header(path, fmt, dims, variables):
+def write_header(path, fmt, dims, variables, content):
     with netCDF4.Dataset(str(path), "w", format=fmt) as ds:
         unlimited_used = False
         for name, size in dims.items():
@@ -111,7 +151,7 @@ def write_header(path, fmt, dims, variables):
             v = ds.createVariable(name, dtype, tuple(vdims))
             shape = tuple(max(ds.dimensions[d].size, 0) for d in vdims)
             if all(shape):  # writing into an unlimited dimension would grow it: leave empty
-                v[:] = _values(dtype, shape, seed)
+                v[:] = _values(name, dtype, shape, seed, content)
 
 
 def _toml_value(v) -> str:
