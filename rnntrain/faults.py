@@ -68,6 +68,13 @@ class StopFlag:
         self._old.clear()
 
 
+def resume_hint(config_path, overrides, run_dir) -> str:
+    """The command line that continues a stopped run."""
+    keep = [o for o in overrides if not o.lstrip("-").startswith("run.dir=")]
+    return " ".join(["rnntrain train", str(config_path or "CONFIG"), *keep,
+                     f"run.dir={run_dir}", "--resume"])
+
+
 class BadSteps:
     """Counts skipped NaN/Inf steps; state lives in the checkpointed ``state`` dict."""
 

@@ -24,7 +24,7 @@ from .config import Config, to_dict, to_toml
 from .dataset import Dataset, check_compatible
 from .errors import UserError
 from .evaluate import evaluate
-from .faults import BadSteps, StopFlag, pause_point
+from .faults import BadSteps, StopFlag, pause_point, resume_hint
 from .model import build_model, count_params, init_uniform
 from .optim import build_optimizer, lr_factor, set_lr
 from .plan import chunk_order, make_plan, padding_ratio
@@ -167,8 +167,7 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                     bar.close()
                     reader.close()
                     log.info(f"stopped by {stop.signal} after step {state['step']}; checkpoint "
-                             f"saved; resume with: rnntrain train {config_path or 'CONFIG'} "
-                             f"{' '.join(overrides)} run.dir={run_dir} --resume".replace("  ", " "))
+                             f"saved; resume with: {resume_hint(config_path, overrides, run_dir)}")
                     return run_dir
             bar.close()
             reader.close()

@@ -41,11 +41,12 @@ def write_config(tmp: Path, synth_pair, **train) -> Path:
 
 def launch(cmd: list[str], pause: str | None = None, timeout: float = 240, env=None):
     """Run cmd in its own process group. With ``pause``, wait until the run reports that it
-    is paused there, SIGKILL the whole group and return (None, stderr). Without, wait for
-    the exit and return (returncode, stderr)."""
+    is paused there, SIGKILL the whole group and return (None, stderr); with pause="term",
+    send SIGTERM once it is stepping. Otherwise (and then) wait for the exit and return
+    (returncode, stderr)."""
     e = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
     e.pop("RNNTRAIN_TEST_PAUSE", None)
-    if pause:
+    if pause and pause != "term":
         e["RNNTRAIN_TEST_PAUSE"] = pause
     p = subprocess.Popen(cmd, cwd=ROOT, env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          text=True, start_new_session=True)
@@ -56,7 +57,10 @@ def launch(cmd: list[str], pause: str | None = None, timeout: float = 240, env=N
     try:
         for line in p.stderr:
             err.append(line)
-            if pause and "rnntrain: paused at" in line:
+            if pause == "term" and "step/s" in line:  # training has started stepping
+                p.send_signal(signal.SIGTERM)  # to mpiexec too: it forwards it to the ranks
+                pause = None
+            elif pause and "rnntrain: paused at" in line:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
                 return None, "".join(err)
@@ -101,8 +105,11 @@ def kill_points(seed: int) -> list[str]:
 def killed_and_resumed(tmp: Path, cfg: Path, points: list[str], ranks: int = 1) -> Path:
     run = tmp / "killed"
     for k, point in enumerate(points):
-        _, err = launch(train_cmd(cfg, run, *(["--resume", "auto"] if k else []), ranks=ranks),
-                        pause=point)
+        rc, err = launch(train_cmd(cfg, run, *(["--resume", "auto"] if k else []), ranks=ranks),
+                         pause=point)
+        if point == "term":  # stopped cleanly (or, if the signal came at the very end, done)
+            assert rc == 0, err[-3000:]
+            assert "stopped by SIGTERM" in err or "epoch 3 val" in err, err[-3000:]
         if point.startswith("ckpt:"):
             # killed inside the write: the temp file exists, the checkpoint does not
             n = int(point[5:])
@@ -115,12 +122,12 @@ def killed_and_resumed(tmp: Path, cfg: Path, points: list[str], ranks: int = 1) 
     return run
 
 
-def check_kill_resume(tmp_path, synth_pair, seed: int, ranks: int = 1, **train):
+def check_kill_resume(tmp_path, synth_pair, seed: int, ranks: int = 1, term=False, **train):
     cfg = write_config(tmp_path, synth_pair, **train)
     rc, err = launch(train_cmd(cfg, tmp_path / "straight", ranks=ranks))
     assert rc == 0, err[-3000:]
     assert f"{STEPS_PER_EPOCH} steps/epoch" in err
-    points = kill_points(seed)
+    points = kill_points(seed) + (["term"] if term else [])
     run = killed_and_resumed(tmp_path, cfg, points, ranks)
     assert_same_final(tmp_path / "straight", run)
 
@@ -136,7 +143,9 @@ def test_sigkill_resume_bit_identical_threads(tmp_path, synth_pair):
 @pytest.mark.mpi
 @pytest.mark.skipif(mpiexec() is None, reason="mpiexec not available")
 def test_sigkill_resume_bit_identical_mpi(tmp_path, synth_pair):
-    check_kill_resume(tmp_path, synth_pair, seed=3, ranks=2, threads=1)
+    """2 ranks: SIGKILL of the whole job at three points, then SIGTERM to mpiexec (which
+    forwards it: every rank must stop after the same step), resumed each time."""
+    check_kill_resume(tmp_path, synth_pair, seed=3, ranks=2, term=True, threads=1)
 
 
 def test_sigterm_and_sigint_stop_with_checkpoint(tmp_path, synth_pair):
