@@ -5,10 +5,14 @@ User mistakes (UserError, a ValueError) print one line and exit 2, without a tra
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 
 from .errors import UserError
+
+
+_STORAGE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
 
 
 def _cmd_train(args) -> int:
@@ -118,6 +122,13 @@ def main(argv=None) -> int:
         return handler(args)
     except UserError as e:
         print(f"rnntrain {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.errno not in _STORAGE_ERRORS:
+            raise
+        # disk full, quota, file size limit, read-only: a condition of the machine, not a bug
+        print(f"rnntrain {args.cmd}: error: cannot write {e.filename or 'a file'} "
+              f"({e.strerror}); checkpoints written before are intact", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"rnntrain {args.cmd}: interrupted", file=sys.stderr)

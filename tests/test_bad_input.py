@@ -197,6 +197,26 @@ def test_disk_full_while_checkpointing_keeps_previous(tmp_path, synth_pair):
     assert ok.returncode == 0, ok.stderr[-2000:]
 
 
+def _fsize_limit(limit):
+    def pre():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return pre
+
+
+def test_disk_full_while_logging(tmp_path, synth_pair):
+    """The metrics log hits the file size limit before any checkpoint: a clean error."""
+    cfg = config(tmp_path, synth_pair[0], train={"batch_frames": 600, "log_every": 1},
+                 checkpoint={"every_steps": 0})
+    e = dict(os.environ, PYTHONPATH=str(ROOT))
+    run = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "rnntrain", "train", cfg, f"run.dir={run}"],
+                       cwd=ROOT, env=e, capture_output=True, text=True, timeout=300,
+                       preexec_fn=_fsize_limit(1500))
+    assert_clean_error(p, "cannot write", "metrics.jsonl", "File too large")
+    assert not list(run.glob("checkpoints/*")), "nothing should have been checkpointed"
+
+
 def _spiky_run(tmp_path, spike_seqs, **train_section):
     """A run folder whose resumable checkpoint ignores input feature 0 (its input weights
     are zero) and a data file where feature 0 is 0 except in ``spike_seqs``, where it is
