@@ -99,8 +99,8 @@ def _set(arr_key, index, value):
 
 def _lengths_changed(parts):
     le = np.array(parts["lengths"], copy=True)
+    le[0] += 2 * le[1]  # the sum stays equal, so the length check is what fires
     le[1] = -le[1]
-    le[0] += -le[1] * 2 + le[0] * 0  # keep the sum equal so the length check is what fires
     return le
 
 
@@ -121,11 +121,6 @@ def _two_dims(path):
     parts = good_parts()
     parts["num_dims"] = 2
     return write_nc(path, parts, lengths_var="seqDims")
-
-
-def _inputs_2d_wrong(path):
-    parts = good_parts()
-    return write_nc(path, parts, drop_vars=("inputs",))
 
 
 BAD_FILES = {

@@ -163,10 +163,13 @@ def test_corrupt_checkpoints_fall_back(tmp_path, trained):
     assert_clean_error(p, str(bad), "not a readable checkpoint")
 
 
-def _no_fsize_signal():
-    # SIG_IGN survives exec: the write then fails with EFBIG instead of killing the process
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (12_000, 12_000))
+def _fsize_limit(limit):
+    """A preexec_fn: files may not grow beyond ``limit`` bytes (a real EFBIG)."""
+    def pre():
+        # SIG_IGN survives exec: the write then fails with EFBIG instead of killing
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return pre
 
 
 def test_disk_full_while_checkpointing_keeps_previous(tmp_path, synth_pair):
@@ -186,7 +189,7 @@ def test_disk_full_while_checkpointing_keeps_previous(tmp_path, synth_pair):
     e = dict(os.environ, PYTHONPATH=str(ROOT))
     p = subprocess.run([sys.executable, "-m", "rnntrain", "train", cfg, f"run.dir={run}",
                         "--resume"], cwd=ROOT, env=e, capture_output=True, text=True,
-                       timeout=300, preexec_fn=_no_fsize_signal)
+                       timeout=300, preexec_fn=_fsize_limit(12_000))
     assert_clean_error(p, "cannot write checkpoint", "File too large",
                        "previous checkpoints", "intact")
     after = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
@@ -195,13 +198,6 @@ def test_disk_full_while_checkpointing_keeps_previous(tmp_path, synth_pair):
     assert again["state"] == good["state"]
     ok = train(cfg, f"run.dir={run}", "--resume")
     assert ok.returncode == 0, ok.stderr[-2000:]
-
-
-def _fsize_limit(limit):
-    def pre():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    return pre
 
 
 def test_disk_full_while_logging(tmp_path, synth_pair):
@@ -280,9 +276,8 @@ def test_nan_steps_in_a_row_stop_the_run(tmp_path):
 def test_infeasible_targets_filtered_and_reported_once(tmp_path):
     parts = good_parts(n=8)
     targets = list(parts["targets"])
-    targets[2] = " ".join(["a", "b"] * 10)   # 20 labels > 16 frames
-    targets[6] = " ".join(["a", "a"] * 6)   # 12 labels, 11 repeats: 23 frames > 24? no:
-    targets[6] = " ".join(["a"] * 14)       # 14 labels + 13 blanks between repeats = 27 > 24
+    targets[2] = " ".join(["a", "b"] * 10)  # 20 labels > 16 frames
+    targets[6] = " ".join(["a"] * 14)       # 14 labels + 13 blanks between repeats > 24
     parts["targets"] = targets
     path = write_nc(tmp_path / "t.nc", parts)
     val = write_nc(tmp_path / "v.nc", dict(parts, tags=[f"v{i}" for i in range(8)]))
