@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -32,9 +33,17 @@ def save_atomic(obj: dict, path: Path):
             from .faults import pause_point
             pause_point("ckpt", int(m.group(1)) if (m := _STEP.search(path.name)) else -1)
         os.replace(tmp, path)
-    except OSError as e:  # disk full, quota, file too large: the old checkpoint stays
+    except (OSError, RuntimeError) as e:
+        # disk full, quota, file size limit: the old checkpoint stays. torch.save reports a
+        # failed write of a large tensor as a RuntimeError ("unexpected pos ...").
         tmp.unlink(missing_ok=True)
-        raise UserError(f"cannot write checkpoint {path} ({e.strerror or e}); the previous "
+        why = e.strerror if isinstance(e, OSError) and e.strerror else \
+            f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        try:
+            free = f"; {shutil.disk_usage(path.parent).free / 2**20:.0f} MiB free there"
+        except OSError:
+            free = ""
+        raise UserError(f"cannot write checkpoint {path} ({why}{free}); the previous "
                         f"checkpoints in {path.parent} are intact") from None
     except BaseException:
         tmp.unlink(missing_ok=True)

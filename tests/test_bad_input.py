@@ -200,6 +200,34 @@ def test_disk_full_while_checkpointing_keeps_previous(tmp_path, synth_pair):
     assert ok.returncode == 0, ok.stderr[-2000:]
 
 
+SAVE_BIG = """
+import sys, torch
+from pathlib import Path
+from rnntrain.checkpoint import save_atomic
+from rnntrain.errors import UserError
+try:
+    save_atomic({"w": torch.ones(2_000_000)}, Path(sys.argv[1]))
+except UserError as e:
+    print(e)
+"""
+
+
+def test_disk_full_large_checkpoint_keeps_previous(tmp_path):
+    """torch.save reports a failed write of a large tensor as a RuntimeError, not OSError:
+    the same clean error, the old file untouched, no temp file left."""
+    target = tmp_path / "last.pt"
+    torch.save({"w": torch.zeros(10)}, target)
+    before = target.read_bytes()
+    e = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, "-c", SAVE_BIG, str(target)], cwd=ROOT, env=e,
+                       capture_output=True, text=True, timeout=120,
+                       preexec_fn=_fsize_limit(1_000_000))
+    assert p.returncode == 0, p.stderr
+    assert f"cannot write checkpoint {target}" in p.stdout and "intact" in p.stdout, p.stdout
+    assert target.read_bytes() == before
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["last.pt"]
+
+
 def test_disk_full_while_logging(tmp_path, synth_pair):
     """The metrics log hits the file size limit before any checkpoint: a clean error."""
     cfg = config(tmp_path, synth_pair[0], train={"batch_frames": 600, "log_every": 1},
