@@ -233,6 +233,18 @@ def load_for_resume(resume: str, run_dir: Path, ds, model, opt, model_cfg: dict,
     raise AssertionError("unreachable")
 
 
+def existing_run(run_dir: Path) -> str | None:
+    """Why a fresh run must not start in ``run_dir`` (it holds a run's checkpoints, which
+    the new run would overwrite and prune), or None."""
+    folder = Path(run_dir) / "checkpoints"
+    found = step_checkpoints(folder) + [p for p in (folder / "last.pt", folder / "best.pt")
+                                        if p.exists()]
+    if not found:
+        return None
+    return (f"run folder {run_dir} already holds checkpoints of a run ({found[-1].name}, "
+            f"...); continue it with --resume, or choose another run.dir")
+
+
 def remove_stale_temps(folder: Path):
     """Temp files of writes interrupted by a crash (never valid checkpoints)."""
     folder = Path(folder)

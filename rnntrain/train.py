@@ -72,6 +72,8 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     resolved = to_toml(cfg)
     run_dir = Path(cfg.run.dir) if cfg.run.dir else default_run_dir(config_path, list(overrides),
                                                                      resolved)
+    if not resume and (why := comm.bcast_obj(ckpt.existing_run(run_dir) if rank == 0 else None)):
+        raise UserError(why)  # never overwrite (and prune) another run's checkpoints
     log = RunLog(run_dir if rank == 0 else None)
     log.write_text("config.toml", resolved)
     if not keep.all():

@@ -132,6 +132,17 @@ def test_run_dir_not_writable(tmp_path, good_nc):
     assert_clean_error(p, str(blocker / "run"), "not writable")
 
 
+def test_fresh_run_refuses_a_folder_with_checkpoints(trained):
+    """Re-running without --resume must not overwrite (and prune) a run's checkpoints."""
+    cfg, run = trained
+    before = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
+    config_toml = (run / "config.toml").read_bytes()
+    p = train(cfg, f"run.dir={run}")
+    assert_clean_error(p, f"run folder {run} already holds checkpoints", "--resume")
+    assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == before
+    assert (run / "config.toml").read_bytes() == config_toml
+
+
 def test_resume_with_other_model_section(tmp_path, trained):
     cfg, run = trained
     p = train(cfg, f"run.dir={run}", "model.hidden=9", "--resume", "auto")

@@ -68,7 +68,7 @@ def launch(cmd: list[str], pause: str | None = None, timeout: float = 240, env=N
         watchdog.cancel()
         p.stderr.close()
     text = "".join(err)
-    assert not pause, f"the run ended (rc {p.returncode}) without pausing at {pause}:\n{text[-3000:]}"
+    assert not pause, f"the run ended (rc {p.returncode}) before {pause}:\n{text[-3000:]}"
     return p.returncode, text
 
 
@@ -142,8 +142,9 @@ def test_sigkill_resume_bit_identical_threads(tmp_path, synth_pair):
 @pytest.mark.mpi
 @pytest.mark.skipif(mpiexec() is None, reason="mpiexec not available")
 def test_sigkill_resume_bit_identical_mpi(tmp_path, synth_pair):
-    """2 ranks: SIGKILL of the whole job at two points (one inside a checkpoint write), then SIGTERM to mpiexec (which
-    forwards it: every rank must stop after the same step), resumed each time."""
+    """2 ranks: SIGKILL of the whole job at two points (one inside a checkpoint write),
+    then SIGTERM to mpiexec (which forwards it: every rank must stop after the same step),
+    resumed each time."""
     check_kill_resume(tmp_path, synth_pair, seed=3, ranks=2, term=True, kills=2, threads=1)
 
 
