@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import os
 import sys
 
 from .errors import UserError
@@ -66,20 +67,32 @@ def _cmd_eval(args) -> int:
 
 
 def _cmd_decode(args) -> int:
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        raise UserError(f"--out {args.out}: its folder does not exist")  # before decoding
     from .evaluate import evaluate
     cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device)
     keep = ds.feasible(cfg.model.subsample)
     hyps: dict[int, list[int]] = {}
     evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev, beam=args.beam,
              on_hyp=lambda s, h: hyps.__setitem__(s, h))
-    out = open(args.out, "w") if args.out else sys.stdout
+    lines = []
+    for i in range(ds.num_seqs):
+        hyp = " ".join(ds.labels[k] for k in hyps[i]) if i in hyps else "<skipped: too short>"
+        lines.append(f"{ds.tag(i)}\t{hyp}\n")
+    if not args.out:
+        sys.stdout.writelines(lines)
+        return 0
+    # temp file + rename: an interrupted decode never leaves a partial file under the name
+    tmp = f"{args.out}.tmp{os.getpid()}"
     try:
-        for i in range(ds.num_seqs):
-            hyp = " ".join(ds.labels[k] for k in hyps[i]) if i in hyps else "<skipped: too short>"
-            out.write(f"{ds.tag(i)}\t{hyp}\n")
+        with open(tmp, "w") as fh:
+            fh.writelines(lines)
+        os.replace(tmp, args.out)
+    except OSError as e:
+        raise UserError(f"cannot write {args.out} ({e.strerror})") from None
     finally:
-        if args.out:
-            out.close()
+        if os.path.exists(tmp):
+            os.unlink(tmp)
     return 0
 
 

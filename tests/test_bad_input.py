@@ -329,3 +329,16 @@ def test_infeasible_targets_filtered_and_reported_once(tmp_path):
     log = (tmp_path / "run" / "train.log").read_text()
     assert log.count("too short for their targets") == 2
     assert "nan" not in (tmp_path / "run" / "metrics.jsonl").read_text().lower()
+
+
+def test_decode_out_folder_missing(tmp_path, trained, good_nc):
+    _, run = trained
+    out = tmp_path / "no" / "hyps.tsv"
+    p = run_cli("rnntrain", "decode", run / "checkpoints" / "last.pt", good_nc[0], "--out", out)
+    assert_clean_error(p, f"--out {out}: its folder does not exist")
+    p = run_cli("rnntrain", "decode", run / "checkpoints" / "last.pt", good_nc[0], "--out",
+                tmp_path / "hyps.tsv")
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = (tmp_path / "hyps.tsv").read_text().splitlines()
+    assert [ln.split("\t")[0] for ln in lines] == [f"utt{i}" for i in range(6)]
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["hyps.tsv"]  # no temp file left
