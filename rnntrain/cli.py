@@ -5,10 +5,15 @@ User mistakes (UserError, a ValueError) print one line and exit 2, without a tra
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import sys
 
 from .errors import UserError
+
+
+_STORAGE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
 
 
 def _cmd_train(args) -> int:
@@ -70,20 +75,32 @@ def _cmd_eval(args) -> int:
 
 
 def _cmd_decode(args) -> int:
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        raise UserError(f"--out {args.out}: its folder does not exist")  # before decoding
     from .evaluate import evaluate
     cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device)
     keep = ds.feasible(cfg.model.subsample)
     hyps: dict[int, list[int]] = {}
     evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev, beam=args.beam,
              on_hyp=lambda s, h: hyps.__setitem__(s, h))
-    out = open(args.out, "w") if args.out else sys.stdout
+    lines = []
+    for i in range(ds.num_seqs):
+        hyp = " ".join(ds.labels[k] for k in hyps[i]) if i in hyps else "<skipped: too short>"
+        lines.append(f"{ds.tag(i)}\t{hyp}\n")
+    if not args.out:
+        sys.stdout.writelines(lines)
+        return 0
+    # temp file + rename: an interrupted decode never leaves a partial file under the name
+    tmp = f"{args.out}.tmp{os.getpid()}"
     try:
-        for i in range(ds.num_seqs):
-            hyp = " ".join(ds.labels[k] for k in hyps[i]) if i in hyps else "<skipped: too short>"
-            out.write(f"{ds.tag(i)}\t{hyp}\n")
+        with open(tmp, "w") as fh:
+            fh.writelines(lines)
+        os.replace(tmp, args.out)
+    except OSError as e:
+        raise UserError(f"cannot write {args.out} ({e.strerror})") from None
     finally:
-        if args.out:
-            out.close()
+        if os.path.exists(tmp):
+            os.unlink(tmp)
     return 0
 
 
@@ -168,6 +185,13 @@ def main(argv=None) -> int:
         return handler(args)
     except UserError as e:
         print(f"rnntrain {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.errno not in _STORAGE_ERRORS:
+            raise
+        # disk full, quota, file size limit, read-only: a condition of the machine, not a bug
+        print(f"rnntrain {args.cmd}: error: cannot write {e.filename or 'a file'} "
+              f"({e.strerror}); checkpoints written before are intact", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"rnntrain {args.cmd}: interrupted", file=sys.stderr)

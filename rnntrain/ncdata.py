@@ -75,7 +75,8 @@ def _open(path, mode="r"):
     try:
         return _nc().Dataset(path, mode)
     except OSError as e:  # netCDF4 says "[Errno -51] NetCDF: Unknown file format" etc.
-        raise DataError(path, f"cannot open as NetCDF ({e.strerror or e})") from None
+        raise DataError(path, f"cannot open as NetCDF ({e.strerror or e}): not a NetCDF "
+                              "file, or a truncated or damaged one") from None
 
 
 def _strings(ds, name: str, path: str, required: bool) -> list[str] | None:
@@ -93,6 +94,8 @@ def _strings(ds, name: str, path: str, required: bool) -> list[str] | None:
                               f"{var.dimensions}", var=name)
     var.set_auto_chartostring(False)
     raw = np.asarray(var[:])
+    if raw.size == 0:  # a zero-length dimension (an empty alphabet, no sequences)
+        return [] if raw.shape[0] == 0 else [""] * raw.shape[0]
     out = []
     for row in raw.view(np.uint8).reshape(raw.shape[0], -1) if raw.dtype.kind == "S" else raw:
         b = bytes(row)
@@ -113,6 +116,8 @@ def read_header(path) -> NcHeader:
             raise DataError(path, f"numDims = {dims['numDims'].size}: only 1-D sequences "
                                   "are supported (2-D data such as images is not)")
         n, f = dims["numSeqs"].size, dims["inputPattSize"].size
+        if f == 0:
+            raise DataError(path, "inputPattSize = 0: a frame needs at least one feature")
         if "inputs" not in ds.variables:
             raise DataError(path, "missing variable", var="inputs")
         inp = ds.variables["inputs"]
@@ -379,5 +384,5 @@ def check_complete(path):
         return  # unusual header: netCDF-C's own checks apply
     have = os.path.getsize(path)
     if need is not None and have < need:
-        raise DataError(path, f"file is truncated: {have:,} bytes, its header describes "
+        raise DataError(path, f"truncated file: {have:,} bytes, its header describes "
                               f"{need:,} (an interrupted copy or download?)")

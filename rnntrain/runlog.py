@@ -80,11 +80,11 @@ class RunLog:
     def metrics(self, **record):
         if self._metrics:
             record.setdefault("time", round(time.time(), 3))
-            self._metrics.write(json.dumps(record) + "\n")
+            _write(self._metrics, json.dumps(record) + "\n")
 
     def info(self, msg: str, echo: bool = True):
         if self._log:
-            self._log.write(time.strftime("%H:%M:%S ") + msg + "\n")
+            _write(self._log, time.strftime("%H:%M:%S ") + msg + "\n")
         if echo and self.folder is not None:
             from tqdm import tqdm
             tqdm.write(msg, file=sys.stderr)
@@ -92,4 +92,13 @@ class RunLog:
     def close(self):
         for f in (self._metrics, self._log):
             if f:
-                f.close()
+                _write(f, None)
+
+
+def _write(fh, text: str | None):
+    """Write (None: close), naming the file when the disk is full (the CLI prints that on
+    one line)."""
+    try:
+        fh.write(text) if text is not None else fh.close()
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, fh.name) from None

@@ -9,9 +9,7 @@ uninterrupted one exactly.
 from __future__ import annotations
 
 import math
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -24,10 +22,11 @@ from . import dist
 from . import trace
 from .config import Config, to_dict, to_toml
 from .dataset import Dataset, check_compatible
-from .device import NanGuard, autocast_dtype, host_every, pick_device, worker_start
+from .device import autocast_dtype, host_every, pick_device, worker_start
 from .errors import UserError
 from .evaluate import evaluate
 from .exchange import Exchange
+from .faults import BadSteps, StopFlag, pause_point, resume_hint
 from .manifest import remainder_note
 from .model import build_model, count_params, init_uniform
 from .optim import build_optimizer, lr_factor, set_lr
@@ -37,26 +36,6 @@ from .reader import ChunkReader
 from .runlog import RunLog, default_run_dir
 from .scheduler import Task, WorkerPool, default_threads, intra_threads, split_tasks
 from .step import FlatGrad, TaskComputer, cost_model_for
-
-
-class StopFlag:
-    """SIGINT/SIGTERM ask the loop to stop at the next step boundary (with a checkpoint)."""
-
-    def __init__(self):
-        self.signal = None
-        self._old = {}
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
-                self._old[s] = signal.signal(s, self._handle)
-
-    def _handle(self, signum, _frame):
-        if self.signal is not None:  # a second Ctrl-C: stop now
-            raise KeyboardInterrupt
-        self.signal = signal.Signals(signum).name
-
-    def restore(self):
-        for s, h in self._old.items():
-            signal.signal(s, h)
 
 
 def describe_skipped(ds: Dataset, keep: np.ndarray, what: str) -> str:
@@ -88,12 +67,16 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     resolved = to_toml(cfg)
     run_dir = Path(cfg.run.dir) if cfg.run.dir else default_run_dir(config_path, list(overrides),
                                                                      resolved)
+    if not resume and (why := comm.bcast_obj(ckpt.existing_run(run_dir) if rank == 0 else None)):
+        raise UserError(why)  # never overwrite (and prune) another run's checkpoints
     log = RunLog(run_dir if rank == 0 else None)
     log.write_text("config.toml", resolved)
     if comm.size > 1:
         log.info(comm.roster())
     if not keep.all():
         log.info(describe_skipped(train_ds, keep, "train"))
+    if val_keep is not None and not val_keep.all():
+        log.info(describe_skipped(val_ds, val_keep, "val"))
     if keep.sum() == 0:
         raise UserError(f"{cfg.data.train}: no sequence is long enough for its target")
 
@@ -108,13 +91,14 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     flat = FlatGrad(params, device)
     exch = Exchange(comm, cfg.dist, flat, params)
     state = {"epoch": 0, "pos": 0, "step": 0, "best_ler": math.inf, "since_best": 0}
-    if resume and rank == 0:  # the other ranks receive it in sync_start
-        ck = resume_checkpoint(resume, run_dir, train_ds, cfg)
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optim"])
-        state.update(ck["state"])
-        log.info(f"resumed from {ck['path']} at epoch {state['epoch']} step {state['step']}")
+    if resume:  # rank 0 reads it; the other ranks receive it in sync_start
+        ck = resume_checkpoint(comm, resume, run_dir, train_ds, model, opt, cfg)
+        if ck is not None:
+            state.update(ck["state"])
+            log.info(f"resumed from {ck['path']} at epoch {state['epoch'] + 1} "
+                     f"step {state['step']}")
     state = exch.sync_start(model, opt, state)  # rank 0's weights/optimizer, checksummed
+    bad = BadSteps(state, tc.max_bad_steps, device)
 
     plan0 = make_plan(train_ds, keep, tc.batch_frames, tc.seed, 0, rank, comm.size,
                       round_lengths=tc.round_lengths)
@@ -132,8 +116,8 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                       on_start=lambda w: worker_start(device))
     task_cost = cost_model_for(model)
     stop = StopFlag()
-    last_ckpt_time, guard, every = time.monotonic(), NanGuard(device), host_every(device,
-                                                                                   tc.log_every)
+    last_ckpt_time, bar, reader = time.monotonic(), None, None
+    every = host_every(device, tc.log_every)
     log.set_status("running")
     try:
         for epoch in range(state["epoch"], tc.epochs):
@@ -174,16 +158,9 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                 set_lr(opt, cfg.optim.lr * lr_factor(cfg.optim, state["step"], len(plan),
                                                      total_steps))
                 exch.step(opt, finite)  # skipped on NaN/Inf; master mode: rank 0 only
-                guard.add(finite | scaler.update(finite, flat.stats_tensor[0]))
+                bad.add(finite | scaler.update(finite, flat.stats_tensor[0]))
                 if (state["step"] + 1) % every == 0 or i == len(plan) - 1:
-                    skipped, worst = guard.read()
-                    if skipped:
-                        log.info(f"step {state['step']}: {skipped} update(s) skipped since the "
-                                 f"last check: loss or gradient is NaN/Inf")
-                    if worst >= tc.max_bad_steps:
-                        raise UserError(f"{worst} steps in a row with NaN/Inf loss or "
-                                        f"gradient (last batch: sequences "
-                                        f"{', '.join(train_ds.tag(s) for s in step.seqs[:8])})")
+                    bad.check(state["step"] + 1, [train_ds.tag(s) for s in step.seqs], log)
                 exch.publish(state["step"] + 1)  # master mode: rank 0's weights to all
                 t5 = time.perf_counter()
                 trace.phases(state["step"], (t0, t1, t2, t3, t4, t5), seqs=len(step.seqs))
@@ -201,14 +178,17 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                                 lr=opt.param_groups[0]["lr"], **rec)
                 due = (cfg.checkpoint.every_steps and state["step"] % cfg.checkpoint.every_steps == 0) \
                     or time.monotonic() - last_ckpt_time > 60 * cfg.checkpoint.every_minutes
-                if due or stop.signal:
+                pause_point("step", state["step"])
+                stopping = stop.should_stop(comm)
+                if due or stopping:
+                    bad.check(state["step"], [train_ds.tag(s) for s in step.seqs], log)
                     save(log, cfg, model, opt, state, train_ds, f"step-{state['step']:08d}.pt")
                     last_ckpt_time = time.monotonic()
-                if stop.signal:
+                if stopping:
                     bar.close()
                     reader.close()
-                    log.info(f"stopped by {stop.signal} after step {state['step']}; resume with: "
-                             f"rnntrain train {config_path or 'CONFIG'} run.dir={run_dir} --resume")
+                    log.info(f"stopped by {stop.signal} after step {state['step']}; checkpoint "
+                             f"saved; resume with: {resume_hint(config_path, overrides, run_dir)}")
                     return run_dir
             bar.close()
             reader.close()
@@ -243,7 +223,10 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
             log.info(f"training done; evaluate the test set with: rnntrain eval "
                      f"{run_dir}/checkpoints/best.pt {cfg.data.test}")
         return run_dir
-    finally:
+    finally:  # on an error too: the bar must not redraw after the error message
+        for obj in (bar, reader):
+            if obj is not None:
+                obj.close()
         stop.restore()
         pool.close()
         trace.finish(comm, failed=sys.exc_info()[0] is not None)
@@ -291,38 +274,22 @@ class Window:
 
 
 def save(log: RunLog, cfg, model, opt, state, ds, name: str):
-    if log.checkpoints is None:
-        return
-    ckpt.save_atomic({"format": ckpt.FORMAT_VERSION, "model": model.state_dict(),
-                      "optim": opt.state_dict(), "state": dict(state), "config": to_dict(cfg),
-                      "labels": list(ds.labels), "input_size": ds.input_size},
-                     log.checkpoints / name)
-    if name.startswith("step-"):
-        ckpt.prune(log.checkpoints, cfg.checkpoint.keep_last)
+    ckpt.save_training(log.checkpoints, name, cfg, model, opt, state, ds,
+                       cfg.checkpoint.keep_last)
 
 
-def resume_checkpoint(resume: str, run_dir: Path, ds: Dataset, cfg) -> dict:
-    """``--resume auto`` (newest in the run folder) or a path; falls back to older ones."""
-    folder = run_dir / "checkpoints"
-    if resume == "auto":
-        cands = ckpt.step_checkpoints(folder)[::-1] + [folder / "last.pt"]
-        cands = [c for c in cands if c.exists()]
-        cands.sort(key=lambda p: -p.stat().st_mtime)
-        if not cands:
-            raise UserError(f"--resume auto: no checkpoint in {folder}")
-    else:
-        cands = [Path(resume)]
-    for i, path in enumerate(cands):
+def resume_checkpoint(comm, resume: str, run_dir: Path, ds: Dataset, model, opt, cfg):
+    """Rank 0 picks and loads the checkpoint (falling back past unusable ones) and returns
+    it; the other ranks return None and receive it in ``Exchange.sync_start``. An error is
+    raised on every rank."""
+    ck, err = None, None
+    if comm.rank == 0:
         try:
-            ck = ckpt.load(path)
-            if ck["input_size"] != ds.input_size or ck["labels"] != ds.labels:
-                raise UserError(f"{path}: inputPattSize/alphabet differ from {ds.source}")
-            if ck["config"]["model"] != to_dict(cfg)["model"]:
-                raise UserError(f"{path}: model section differs from the config")
-            ck["path"] = str(path)
-            return ck
+            ck = ckpt.load_for_resume(resume, run_dir, ds, model, opt, to_dict(cfg)["model"],
+                                      warn=lambda m: print(m, file=sys.stderr, flush=True))
         except UserError as e:
-            if i == len(cands) - 1:
-                raise
-            print(f"warning: {e}; falling back to {cands[i + 1]}", flush=True)
-    raise AssertionError("unreachable")
+            err = str(e)
+    err = comm.bcast_obj(err)
+    if err:
+        raise UserError(err)
+    return ck
