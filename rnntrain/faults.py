@@ -104,8 +104,9 @@ class BadSteps:
             return
         self.state["bad_total"] += skipped
         names = ", ".join(seq_names[:8]) + (" ..." if len(seq_names) > 8 else "")
-        log.info(f"step {step_no}: loss or gradient is NaN/Inf; {skipped} update(s) skipped "
-                 f"({self.state['bad_total']} so far; last batch: sequences {names})")
+        since = f"{skipped} since the last check, " if skipped > 1 else ""
+        log.info(f"step {step_no}: loss or gradient is NaN/Inf; update skipped ({since}"
+                 f"{self.state['bad_total']} so far; last batch: sequences {names})")
         if worst >= self.max_bad:
             raise UserError(f"{worst} steps in a row with NaN/Inf loss or gradient "
                             f"(train.max_bad_steps = {self.max_bad}); last batch: "
