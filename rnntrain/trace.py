@@ -96,8 +96,11 @@ def configure(path: str | None, window: tuple[int, int] = (1, 11)):
     _cfg = None if path is None else {"path": str(path), "first": window[0], "last": window[1]}
     if _cfg is not None:
         parent = Path(path).resolve().parent
-        if not parent.is_dir():
-            raise UserError(f"--trace {path}: folder {parent} does not exist")
+        try:  # fail now, not after the training
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"--trace {path}: cannot create folder {parent} "
+                            f"({e.strerror})") from None
 
 
 def enabled() -> bool:
