@@ -192,6 +192,9 @@ def _write(path: str, events: list, cfg: dict, ranks: list[int]):
            "otherData": {"tool": "rnntrain", "steps": f"{cfg['first']}:{cfg['last']}",
                          "ranks": ranks}}
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(doc, f)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(doc, f)
+        os.replace(tmp, path)
+    except OSError as e:  # never mask the training's own outcome (this runs in a finally)
+        print(f"warning: --trace {path} not written ({e.strerror})", file=sys.stderr)
