@@ -140,7 +140,7 @@ def plot_curves(runs: list[RunData], out: Path) -> Path:
             ax.set_title(f"{title} over {xlabel.split(' (')[0]}")
             ax.grid(alpha=0.3)
             if key == "loss" and _positive(runs, key):
-                ax.set_yscale("log")
+                _log_axis(ax)
             if key == "ler":
                 ax.set_ylim(bottom=0)
     _legend(axes[0, 0], runs)
@@ -148,6 +148,15 @@ def plot_curves(runs: list[RunData], out: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _log_axis(ax):
+    """Log scale labelled 1, 2, 5, 10, 20, ... (plain numbers, not only powers of ten)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
 
 
 def _positive(runs, key) -> bool:

@@ -96,8 +96,11 @@ def configure(path: str | None, window: tuple[int, int] = (1, 11)):
     _cfg = None if path is None else {"path": str(path), "first": window[0], "last": window[1]}
     if _cfg is not None:
         parent = Path(path).resolve().parent
-        if not parent.is_dir():
-            raise UserError(f"--trace {path}: folder {parent} does not exist")
+        try:  # fail now, not after the training
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"--trace {path}: cannot create folder {parent} "
+                            f"({e.strerror})") from None
 
 
 def enabled() -> bool:
@@ -189,6 +192,9 @@ def _write(path: str, events: list, cfg: dict, ranks: list[int]):
            "otherData": {"tool": "rnntrain", "steps": f"{cfg['first']}:{cfg['last']}",
                          "ranks": ranks}}
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(doc, f)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(doc, f)
+        os.replace(tmp, path)
+    except OSError as e:  # never mask the training's own outcome (this runs in a finally)
+        print(f"warning: --trace {path} not written ({e.strerror})", file=sys.stderr)
