@@ -27,6 +27,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", type=Path)
     p.add_argument("--out", required=True)
+    p.add_argument("--no-train", action="store_true", help="validation curve only")
     p.add_argument("--title", default="")
     a = p.parse_args(argv)
     import matplotlib
@@ -35,7 +36,7 @@ def main(argv=None):
     fig, ax = plt.subplots(figsize=(7, 4))
     for run in a.runs:
         tr, va = load(run)
-        if tr:
+        if tr and not a.no_train:
             ax.plot([t / 60 for t, _ in tr], [100 * v for _, v in tr], alpha=0.4,
                     label=f"{run.name} train (running)")
         if va:
@@ -44,7 +45,8 @@ def main(argv=None):
             best = min(v for _, v in va)
             ax.annotate(f"best {100 * best:.2f}%", xy=(va[-1][0] / 60, 100 * va[-1][1]),
                         xytext=(0, 12), textcoords="offset points", ha="right")
-    ax.set_yscale("log")
+    ax.set_ylim(bottom=0)
+    ax.set_yscale("symlog", linthresh=1.0)  # linear below 1 % so that 0 shows
     ax.set_xlabel("training time (minutes)")
     ax.set_ylabel("label error rate (%)")
     ax.set_title(a.title)
