@@ -42,9 +42,9 @@ def main(argv=None):
         if va:
             ax.plot([t / 60 for t, _ in va], [100 * v for _, v in va], "o-",
                     label=f"{run.name} validation")
-            best = min(v for _, v in va)
-            ax.annotate(f"best {100 * best:.2f}%", xy=(va[-1][0] / 60, 100 * va[-1][1]),
-                        xytext=(0, 12), textcoords="offset points", ha="right")
+            tb, best = min(va, key=lambda r: (r[1], r[0]))
+            ax.annotate(f"best {100 * best:.2f}%", xy=(tb / 60, 100 * best),
+                        xytext=(-8, -16), textcoords="offset points", ha="right")
     ax.set_ylim(bottom=0)
     ax.set_yscale("symlog", linthresh=1.0)  # linear below 1 % so that 0 shows
     ax.set_xlabel("training time (minutes)")
