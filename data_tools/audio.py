@@ -147,7 +147,8 @@ class ArraySource:
                             f"had {self.size}")
         x = x.astype(np.float32)
         if not np.isfinite(x).all():
-            raise UserError(f"{path}: NaN or Inf in frame {int(np.flatnonzero(~np.isfinite(x).all(1))[0])}")
+            bad = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
+            raise UserError(f"{path}: NaN or Inf in frame {bad}")
         return x
 
     def describe(self) -> dict:

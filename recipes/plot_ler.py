@@ -27,6 +27,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", type=Path)
     p.add_argument("--out", required=True)
+    p.add_argument("--no-train", action="store_true", help="validation curve only")
     p.add_argument("--title", default="")
     a = p.parse_args(argv)
     import matplotlib
@@ -35,16 +36,17 @@ def main(argv=None):
     fig, ax = plt.subplots(figsize=(7, 4))
     for run in a.runs:
         tr, va = load(run)
-        if tr:
+        if tr and not a.no_train:
             ax.plot([t / 60 for t, _ in tr], [100 * v for _, v in tr], alpha=0.4,
                     label=f"{run.name} train (running)")
         if va:
             ax.plot([t / 60 for t, _ in va], [100 * v for _, v in va], "o-",
                     label=f"{run.name} validation")
-            best = min(v for _, v in va)
-            ax.annotate(f"best {100 * best:.2f}%", xy=(va[-1][0] / 60, 100 * va[-1][1]),
-                        xytext=(0, 12), textcoords="offset points", ha="right")
-    ax.set_yscale("log")
+            tb, best = min(va, key=lambda r: (r[1], r[0]))
+            ax.annotate(f"best {100 * best:.2f}%", xy=(tb / 60, 100 * best),
+                        xytext=(-8, -16), textcoords="offset points", ha="right")
+    ax.set_ylim(bottom=0)
+    ax.set_yscale("symlog", linthresh=1.0)  # linear below 1 % so that 0 shows
     ax.set_xlabel("training time (minutes)")
     ax.set_ylabel("label error rate (%)")
     ax.set_title(a.title)

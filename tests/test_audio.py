@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import numpy as np
-import pytest
 from scipy.io import wavfile
 
 from data_tools import features as feat
@@ -58,7 +57,8 @@ def test_one_frame_matches_a_direct_dft():
     # log-mel of that frame with triangles built from the reference edges
     e = _edges_reference(40, 4000.0)
     f = np.arange(129) * 8000 / 256
-    tri = np.array([[max(0.0, min((fi - e[j]) / (e[j + 1] - e[j]), (e[j + 2] - fi) / (e[j + 2] - e[j + 1])))
+    tri = np.array([[max(0.0, min((fi - e[j]) / (e[j + 1] - e[j]),
+                                  (e[j + 2] - fi) / (e[j + 2] - e[j + 1])))
                      for fi in f] for j in range(40)])
     np.testing.assert_allclose(feat.log_mel(x, cfg)[k], np.log(tri @ power), rtol=1e-6)
 
