@@ -218,7 +218,9 @@ class MPIComm(LocalComm):
             if now > deadline:
                 if self.rank == 0:
                     self._roll_call(what, grace)  # aborts the job
-                elif now > deadline + grace * (3 if asked else 1):
+                elif now > deadline + grace * (3 if asked else 1) + 0.5 * min(self.rank, 10):
+                    # (staggered by rank: the lowest live rank reports alone; two
+                    # simultaneous aborts can lose both messages in the launcher)
                     # rank 0 would have called the roll and ended the job by now: it is
                     # the one that did not arrive (or it is stuck itself)
                     self.abort(f"error: rank 0 did not arrive at the {what} within "

@@ -112,20 +112,13 @@ class Exchange:
         self.codec = WireCodec(self.wire, flat.numel) if self.wire != "fp32" else None
         self.msg = np.zeros(self.codec.nbytes, np.uint8) if self.codec else None
         self.bytes_sent = 0           # message bytes handed to MPI by this rank (all steps)
-        self.steps = 0
         self._compute: list[float] = []
         # the same op object for every step so dist caches one MPI op and datatype
         self._combine = self.codec.combine if self.codec else None
 
-    # ---- message size (what one step hands to MPI)
-    @property
-    def message_bytes(self) -> int:
-        return self.msg.nbytes if self.codec else self.host.nbytes
-
     def reduce(self, step: int, compute_s: float = 0.0):
         """Sum every rank's flat buffer: on every rank (allreduce) or on rank 0 (master)."""
         self._compute.append(compute_s)
-        self.steps += 1
         if self.comm.size == 1:
             return
         what = f"gradient exchange of step {step}"

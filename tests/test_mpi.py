@@ -191,6 +191,11 @@ def test_stuck_rank_is_named_within_the_timeout(tiny_config, tmp_path):
                      r"exchange of step 4 within dist.timeout_s = 3 s", r.stderr), r.stderr[-2000:]
     stamp = (tmp_path / "run" / "train.log").read_text()
     assert "rank 1 = pid" in stamp
+    # rank 0 itself stuck: the next rank names it after the deadline and a grace period
+    r, secs = fault(3, tiny_config, tmp_path, 0, "stop", extra=["dist.timeout_s=3"])
+    assert r.returncode != 0
+    assert re.search(r"\[rank 1/3\] error: rank 0 did not arrive at the gradient exchange "
+                     r"of step 4 within dist.timeout_s = 3 s", r.stderr), r.stderr[-2000:]
 
 
 @needs_mpi
