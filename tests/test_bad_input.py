@@ -342,3 +342,39 @@ def test_decode_out_folder_missing(tmp_path, trained, good_nc):
     lines = (tmp_path / "hyps.tsv").read_text().splitlines()
     assert [ln.split("\t")[0] for ln in lines] == [f"utt{i}" for i in range(6)]
     assert sorted(x.name for x in tmp_path.iterdir()) == ["hyps.tsv"]  # no temp file left
+
+
+@pytest.mark.parametrize("fmt", ["NETCDF3_CLASSIC", "NETCDF3_64BIT_OFFSET",
+                                 "NETCDF3_64BIT_DATA", "NETCDF4"])
+@pytest.mark.parametrize("records", [False, True])
+def test_truncation_check_against_real_layouts(tmp_path, fmt, records):
+    """The header-offset check accepts every valid file (record variables, attributes of
+    every type, odd sizes) and flags it once bytes are missing."""
+    import netCDF4
+    from rnntrain.errors import DataError
+    from rnntrain.ncdata import check_not_truncated, classic_data_end
+    path = tmp_path / "f.nc"
+    with netCDF4.Dataset(str(path), "w", format=fmt) as ds:
+        ds.setncattr("title", "odd length title")
+        ds.setncattr("scale", np.array([1.5, 2.5], dtype="f8"))
+        ds.createDimension("rec" if records else "n", None if records else 7)
+        ds.createDimension("x", 3)
+        first = "rec" if records else "n"
+        a = ds.createVariable("a", "i2", (first, "x"))
+        a.units = "m"
+        b = ds.createVariable("b", "S1", (first,))
+        c = ds.createVariable("c", "f8", ("x",))
+        a[0:7, :] = np.arange(21, dtype="i2").reshape(7, 3)
+        b[0:7] = np.array(list("abcdefg"), dtype="S1")
+        c[:] = [1.0, 2.0, 3.0]
+    size = path.stat().st_size
+    need = classic_data_end(path)
+    if fmt == "NETCDF4":
+        assert need is None  # HDF5 reports its own truncation
+        return
+    assert need is not None and need <= size
+    assert size - need <= 3  # the header accounts for (nearly) every byte
+    check_not_truncated(path)  # no error on the valid file
+    path.write_bytes(path.read_bytes()[: need - 4])
+    with pytest.raises(DataError, match="truncated file"):
+        check_not_truncated(path)
