@@ -378,3 +378,22 @@ def test_truncation_check_against_real_layouts(tmp_path, fmt, records):
     path.write_bytes(path.read_bytes()[: need - 4])
     with pytest.raises(DataError, match="truncated file"):
         check_not_truncated(path)
+
+
+class _Payload:
+    """Unpickling this would create a file: what a malicious checkpoint would do."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_checkpoint_with_code_is_refused(tmp_path, good_nc):
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.pt"
+    torch.save({"format": 1, "model": _Payload(marker)}, evil)
+    p = run_cli("rnntrain", "eval", evil, good_nc[0])
+    assert_clean_error(p, str(evil), "not a readable checkpoint")
+    assert not marker.exists(), "loading a checkpoint ran code"
