@@ -397,3 +397,9 @@ def test_checkpoint_with_code_is_refused(tmp_path, good_nc):
     p = run_cli("rnntrain", "eval", evil, good_nc[0])
     assert_clean_error(p, str(evil), "not a readable checkpoint")
     assert not marker.exists(), "loading a checkpoint ran code"
+
+
+def test_resume_without_checkpoint(tmp_path, good_nc):
+    run = tmp_path / "run"
+    p = train(config(tmp_path, good_nc[0]), f"run.dir={run}", "--resume", "auto")
+    assert_clean_error(p, f"--resume auto: no checkpoint in {run / 'checkpoints'}", "run.dir=")
