@@ -76,25 +76,38 @@ def resume_hint(config_path, overrides, run_dir) -> str:
 
 
 class BadSteps:
-    """Counts skipped NaN/Inf steps; state lives in the checkpointed ``state`` dict."""
+    """Counts skipped NaN/Inf steps; the counts live in the checkpointed ``state`` dict.
 
-    def __init__(self, state: dict, max_bad: int):
+    The per-step flag stays on the device (``device.NanGuard``): ``check`` reads it at host
+    intervals (every step on CPU, where a read is free; at log intervals and before
+    checkpoints on a GPU) and stops the run after ``max_bad`` skipped steps in a row.
+    """
+
+    def __init__(self, state: dict, max_bad: int, device):
+        from .device import NanGuard
         self.state, self.max_bad = state, max_bad
         state.setdefault("bad_in_row", 0)
         state.setdefault("bad_total", 0)
+        self.guard = NanGuard(device)
+        self.guard.run.fill_(state["bad_in_row"])  # a run of bad steps survives a resume
+        self.guard.worst.fill_(state["bad_in_row"])
 
-    def record(self, finite: bool, step_no: int, seq_names: list[str], log) -> bool:
-        """Update the counts after the reduce; True when the update may be applied."""
-        if finite:
-            self.state["bad_in_row"] = 0
-            return True
-        self.state["bad_in_row"] += 1
-        self.state["bad_total"] += 1
+    def add(self, finite):
+        """After the update of a step: ``finite`` (0-dim bool tensor) False = skipped."""
+        self.guard.add(finite)
+
+    def check(self, step_no: int, seq_names: list[str], log):
+        """Bring the counts to the host; raise UserError after ``max_bad`` in a row."""
+        skipped, worst = self.guard.read()
+        self.state["bad_in_row"] = int(self.guard.run)
+        if not skipped:
+            return
+        self.state["bad_total"] += skipped
         names = ", ".join(seq_names[:8]) + (" ..." if len(seq_names) > 8 else "")
-        log.info(f"step {step_no}: loss or gradient is NaN/Inf; update skipped "
-                 f"({self.state['bad_total']} skipped so far; sequences: {names})")
-        if self.state["bad_in_row"] >= self.max_bad:
-            raise UserError(f"{self.state['bad_in_row']} steps in a row with NaN/Inf loss or "
-                            f"gradient (train.max_bad_steps = {self.max_bad}); last batch: "
+        since = f"{skipped} since the last check, " if skipped > 1 else ""
+        log.info(f"step {step_no}: loss or gradient is NaN/Inf; update skipped ({since}"
+                 f"{self.state['bad_total']} so far; last batch: sequences {names})")
+        if worst >= self.max_bad:
+            raise UserError(f"{worst} steps in a row with NaN/Inf loss or gradient "
+                            f"(train.max_bad_steps = {self.max_bad}); last batch: "
                             f"sequences {names}")
-        return False

@@ -18,6 +18,7 @@ lock is uncontended in training; it protects tools and tests that read from else
 from __future__ import annotations
 
 import os
+import struct
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,94 +103,11 @@ def _strings(ds, name: str, path: str, required: bool) -> list[str] | None:
     return out
 
 
-_NC_TYPE_SIZE = {1: 1, 2: 1, 3: 2, 4: 4, 5: 4, 6: 8, 7: 1, 8: 2, 9: 4, 10: 8, 11: 8}
-
-
-def classic_data_end(path) -> int | None:
-    """Bytes a netCDF-3 (classic, 64-bit offset or CDF-5) file must have, from its header;
-    None for other formats or a header too damaged to parse (netCDF reports those).
-
-    The netCDF library reads missing bytes of a truncated classic file as fill values
-    (zeros) without an error, so truncation must be detected from the header's offsets.
-    """
-    with open(path, "rb") as fh:
-        head = fh.read(4)
-        if len(head) < 4 or head[:3] != b"CDF" or head[3] not in (1, 2, 5):
-            return None
-        v = head[3]
-        data = head + fh.read(1 << 20)  # a header larger than 1 MiB: read on demand below
-        more = fh
-        pos = 4
-        w = 8 if v == 5 else 4  # width of counts (and dimension ids/lengths)
-
-        def take(n):
-            nonlocal data, pos
-            while pos + n > len(data):
-                chunk = more.read(1 << 20)
-                if not chunk:
-                    raise EOFError
-                data += chunk
-            out = data[pos:pos + n]
-            pos += n
-            return out
-
-        def uint(n):
-            return int.from_bytes(take(n), "big")
-
-        def name():
-            n = uint(w)
-            take((n + 3) // 4 * 4)
-
-        def atts():
-            tag, n = uint(4), uint(w)
-            assert tag in (0, 0x0C)
-            for _ in range(n):
-                name()
-                t, k = uint(4), uint(w)
-                take((k * _NC_TYPE_SIZE[t] + 3) // 4 * 4)
-
-        try:
-            numrecs = uint(w)
-            tag, ndims = uint(4), uint(w)
-            dims = []
-            for _ in range(ndims):
-                name()
-                dims.append(uint(w))
-            atts()
-            tag, nvars = uint(4), uint(w)
-            end, rec_begin, rec_size = 0, None, 0
-            for _ in range(nvars):
-                name()
-                ids = [uint(w) for _ in range(uint(w))]
-                atts()
-                uint(4)  # type
-                vsize = uint(w)
-                begin = uint(8 if v in (2, 5) else 4)
-                if ids and dims[ids[0]] == 0:  # a record variable
-                    rec_begin = begin if rec_begin is None else min(rec_begin, begin)
-                    rec_size += vsize
-                else:
-                    end = max(end, begin + vsize)
-        except (EOFError, AssertionError, KeyError, IndexError):
-            return None
-    if rec_begin is not None and numrecs != 0xFFFFFFFF:
-        end = max(end, rec_begin + numrecs * rec_size - 3)  # the last record may be unpadded
-    return end
-
-
-def check_not_truncated(path):
-    need = classic_data_end(path)
-    size = os.path.getsize(path)
-    if need is not None and size < need:
-        raise DataError(path, f"truncated file: {size} bytes, its header says at least "
-                              f"{need} (an interrupted copy or download?)")
-
-
 def read_header(path) -> NcHeader:
     """Read and validate everything but the inputs. Raises DataError naming file/var/seq."""
     path = str(path)
     with NC_LOCK, _open(path) as ds:
-        check_not_truncated(path)
+        check_complete(path)
         dims = ds.dimensions
         for d in ("numSeqs", "inputPattSize"):
             if d not in dims:
@@ -392,3 +310,79 @@ def write_file(path, seqs: Sequence[np.ndarray], targets: Sequence[str], labels:
     with NcWriter(path, labels, f, [len(s) for s in seqs], targets, tags, fmt) as w:
         for s in seqs:
             w.append(s)
+
+
+_NC_TYPE_SIZE = {1: 1, 2: 1, 3: 2, 4: 4, 5: 4, 6: 8, 7: 1, 8: 2, 9: 4, 10: 8, 11: 8}
+
+
+def classic_min_size(path) -> int | None:
+    """Bytes a classic-format (CDF-1/2/5) file needs for all its variables, from its header;
+    None for netCDF-4/HDF5 files (HDF5 reports truncation itself).
+
+    netCDF-C returns fill values (zeros) for reads past the end of a truncated classic
+    file instead of failing, so a half-copied file would train on silence: read_header
+    compares this with the file size.
+    """
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+        if head[:3] != b"CDF" or head[3] not in (1, 2, 5):
+            return None
+        v5 = head[3] == 5
+        big = fh.read  # the header is small: parse it from the stream
+
+        def num(n8: bool = v5) -> int:
+            return struct.unpack(">Q" if n8 else ">I", big(8 if n8 else 4))[0]
+
+        def name() -> str:
+            n = num()
+            s = big(n)
+            big(-n % 4)
+            return s.decode("utf-8", "replace")
+
+        def skip_atts():
+            tag, n = num(False), num()
+            assert tag in (0, 0x0C), "attribute list"
+            for _ in range(n):
+                name()
+                t, k = num(False), num()
+                big(-(-k * _NC_TYPE_SIZE[t] // 4) * 4)
+
+        numrecs = num()
+        tag, n = num(False), num()
+        dims = []
+        for _ in range(n):
+            name()
+            dims.append(num())
+        skip_atts()
+        tag, n = num(False), num()
+        need, rec = 0, []
+        for _ in range(n):
+            name()
+            ids = [num() for _ in range(num())]
+            skip_atts()
+            t = num(False)
+            num()                                    # vsize (unreliable above 4 GiB)
+            begin = num(head[3] != 1)
+            size = _NC_TYPE_SIZE[t]
+            for d in ids:
+                size *= dims[d] if dims[d] else 1    # the record dimension has length 0
+            if ids and dims[ids[0]] == 0:
+                rec.append((begin, size))
+            else:
+                need = max(need, begin + size)
+        if rec and numrecs and numrecs != 0xFFFFFFFF:
+            recsize = sum(s for _, s in rec)
+            need = max(need, max(b + (numrecs - 1) * recsize + s for b, s in rec))
+        return need
+
+
+def check_complete(path):
+    """DataError when a classic-format file is shorter than its header says (truncated)."""
+    try:
+        need = classic_min_size(path)
+    except (OSError, AssertionError, KeyError, IndexError, struct.error):
+        return  # unusual header: netCDF-C's own checks apply
+    have = os.path.getsize(path)
+    if need is not None and have < need:
+        raise DataError(path, f"truncated file: {have:,} bytes, its header describes "
+                              f"{need:,} (an interrupted copy or download?)")

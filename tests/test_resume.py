@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -20,7 +21,6 @@ import torch
 
 from tests.conftest import ROOT, mpiexec
 
-STEPS_PER_EPOCH = 10  # 120 synthetic sequences at batch_frames = 600 (checked below)
 EPOCHS = 2
 EVERY = 3             # checkpoint.every_steps
 
@@ -90,13 +90,21 @@ def assert_same_final(a: Path, b: Path):
             assert torch.equal(sa[i][k], sb[i][k]), f"optimizer state {i}.{k} differs"
 
 
-def kill_points(seed: int, n: int = 3) -> list[str]:
+def steps_per_epoch(log: str) -> int:
+    """The plan's step count, as the trainer reports it at start-up."""
+    m = re.search(r"(\d+) steps/epoch", log)
+    assert m, log[-3000:]
+    return int(m.group(1))
+
+
+def kill_points(seed: int, steps_per_epoch: int, n: int = 3) -> list[str]:
     """The last n of: after a step, inside a checkpoint write, after a step of epoch 2."""
+    assert steps_per_epoch >= 8, "the kill points need a few checkpoints per epoch"
     r = random.Random(seed)
-    total = STEPS_PER_EPOCH * EPOCHS
+    total = steps_per_epoch * EPOCHS
     a = r.randint(EVERY + 1, 2 * EVERY + 1)
     b = EVERY * r.randint(a // EVERY + 1, (total - 6) // EVERY)
-    c = r.randint(max(b + 2, STEPS_PER_EPOCH + 1), total - 1)
+    c = r.randint(max(b + 2, steps_per_epoch + 1), total - 1)
     return [f"step:{a}", f"ckpt:{b}", f"step:{c}"][3 - n:]
 
 
@@ -125,8 +133,7 @@ def check_kill_resume(tmp_path, synth_pair, seed: int, ranks: int = 1, term=Fals
     cfg = write_config(tmp_path, synth_pair, **train)
     rc, err = launch(train_cmd(cfg, tmp_path / "straight", ranks=ranks))
     assert rc == 0, err[-3000:]
-    assert f"{STEPS_PER_EPOCH} steps/epoch" in err
-    points = kill_points(seed, kills) + (["term"] if term else [])
+    points = kill_points(seed, steps_per_epoch(err), kills) + (["term"] if term else [])
     run = killed_and_resumed(tmp_path, cfg, points, ranks)
     assert_same_final(tmp_path / "straight", run)
 
@@ -175,4 +182,4 @@ def test_sigterm_and_sigint_stop_with_checkpoint(tmp_path, synth_pair):
     assert rc == 0, err[-3000:]
     assert f"resumed from {run / 'checkpoints' / f'step-{step:08d}.pt'}" in err
     final = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["state"]
-    assert (final["epoch"], final["step"]) == (EPOCHS, EPOCHS * STEPS_PER_EPOCH)
+    assert (final["epoch"], final["step"]) == (EPOCHS, EPOCHS * steps_per_epoch(err))
