@@ -22,6 +22,8 @@ _PAUSE = bool(os.environ.get("RNNTRAIN_TEST_PAUSE"))  # see faults.pause_point
 
 
 def save_atomic(obj: dict, path: Path):
+    """Write ``obj`` to ``path`` so that a crash leaves the old file or the new one; a
+    failed write (disk full, ...) is a UserError and leaves the old file untouched."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
@@ -198,7 +200,9 @@ def load_for_resume(resume: str, run_dir: Path, ds, model, opt, model_cfg: dict,
         remove_stale_temps(folder)
         cands, broken = resume_candidates(folder)
         if not cands and not broken:
-            raise UserError(f"--resume auto: no checkpoint in {folder}")
+            raise UserError(f"--resume auto: no checkpoint in {folder} (the default run.dir "
+                            f"depends on the config and overrides: pass run.dir=FOLDER of the "
+                            f"run to continue)")
         for path, why in broken:
             warn(f"warning: {why}; skipping it" +
                  (f", falling back to {cands[0]}" if cands else ""))

@@ -342,3 +342,65 @@ def test_decode_out_folder_missing(tmp_path, trained, good_nc):
     lines = (tmp_path / "hyps.tsv").read_text().splitlines()
     assert [ln.split("\t")[0] for ln in lines] == [f"utt{i}" for i in range(6)]
     assert sorted(x.name for x in tmp_path.iterdir()) == ["hyps.tsv"]  # no temp file left
+
+
+@pytest.mark.parametrize("fmt", ["NETCDF3_CLASSIC", "NETCDF3_64BIT_OFFSET",
+                                 "NETCDF3_64BIT_DATA", "NETCDF4"])
+@pytest.mark.parametrize("records", [False, True])
+def test_truncation_check_against_real_layouts(tmp_path, fmt, records):
+    """The header-offset check accepts every valid file (record variables, attributes of
+    every type, odd sizes) and flags it once bytes are missing."""
+    import netCDF4
+    from rnntrain.errors import DataError
+    from rnntrain.ncdata import check_complete, classic_min_size
+    path = tmp_path / "f.nc"
+    with netCDF4.Dataset(str(path), "w", format=fmt) as ds:
+        ds.setncattr("title", "odd length title")
+        ds.setncattr("scale", np.array([1.5, 2.5], dtype="f8"))
+        ds.createDimension("rec" if records else "n", None if records else 7)
+        ds.createDimension("x", 3)
+        first = "rec" if records else "n"
+        a = ds.createVariable("a", "i2", (first, "x"))
+        a.units = "m"
+        b = ds.createVariable("b", "S1", (first,))
+        c = ds.createVariable("c", "f8", ("x",))
+        a[0:7, :] = np.arange(21, dtype="i2").reshape(7, 3)
+        b[0:7] = np.array(list("abcdefg"), dtype="S1")
+        c[:] = [1.0, 2.0, 3.0]
+    size = path.stat().st_size
+    need = classic_min_size(path)
+    if fmt == "NETCDF4":
+        assert need is None  # HDF5 reports its own truncation
+        return
+    # records are padded to 4 bytes per variable; the check does not count that padding
+    slack = 3 * 2 * 7 if records and fmt != "NETCDF4" else 3
+    assert need is not None and size - slack <= need <= size
+    check_complete(path)  # no error on the valid file
+    path.write_bytes(path.read_bytes()[: need - 1])
+    with pytest.raises(DataError, match="truncated file"):
+        check_complete(path)
+
+
+class _Payload:
+    """Unpickling this would create a file: what a malicious checkpoint would do."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_checkpoint_with_code_is_refused(tmp_path, good_nc):
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.pt"
+    torch.save({"format": 1, "model": _Payload(marker)}, evil)
+    p = run_cli("rnntrain", "eval", evil, good_nc[0])
+    assert_clean_error(p, str(evil), "not a readable checkpoint")
+    assert not marker.exists(), "loading a checkpoint ran code"
+
+
+def test_resume_without_checkpoint(tmp_path, good_nc):
+    run = tmp_path / "run"
+    p = train(config(tmp_path, good_nc[0]), f"run.dir={run}", "--resume", "auto")
+    assert_clean_error(p, f"--resume auto: no checkpoint in {run / 'checkpoints'}", "run.dir=")
