@@ -79,6 +79,7 @@ def plain_loop(path, model_cfg, optim_cfg, seed: int = 1, max_s: float = 60.0,
             break
     dt = time.perf_counter() - t0
     return {"frames_per_s": real / dt, "padding": padded / real, "batches": batches,
+            "frames": real,
             "epoch_share": batches * BATCH / len(data), "threads": threads}
 
 
