@@ -64,40 +64,9 @@ class CTCModel(nn.Module):
                 keep = 1.0 - self.dropout
                 mask = torch.empty(x.shape[1:], device="cpu").bernoulli_(keep, generator=generator)
                 x = x * (mask.to(x.device) / keep)  # one mask per sequence, shared over time
-            x = run_rnn(rnn, x, lengths)
+            packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
+            x, _ = pad_packed_sequence(rnn(packed)[0], total_length=x.shape[0])
         return F.log_softmax(self.out(x).float(), dim=-1), lengths
-
-
-def run_rnn(rnn: nn.Module, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """One (bi)directional layer over a zero-padded batch. x: (T, N, F) → (T, N, D*H), zero
-    past each sequence's end.
-
-    On the CPU, nn.LSTM over a PackedSequence of unequal lengths takes a slow generic path
-    (5-8x slower than over a dense batch), so each direction runs over the dense padded
-    batch instead: forward as it is (padding at the end cannot reach earlier outputs), the
-    reverse direction over each sequence reversed within its own length, then reversed
-    back. Same weights, same outputs as the packed call. Elsewhere (cuDNN) packing is fast.
-    """
-    from .peephole import PeepholeLSTM, reverse_index
-    T = x.shape[0]
-    if isinstance(rnn, PeepholeLSTM):
-        return rnn.forward_padded(x, lengths)
-    if x.device.type != "cpu" or rnn.num_layers != 1 or rnn.proj_size or rnn.batch_first:
-        packed = pack_padded_sequence(x, lengths.cpu(), enforce_sorted=False)
-        return pad_packed_sequence(rnn(packed)[0], total_length=T)[0]
-    mask = (torch.arange(T)[:, None] < lengths[None, :]).to(x.dtype)[:, :, None]
-    h0 = x.new_zeros(1, x.shape[1], rnn.hidden_size)
-    weights = rnn._flat_weights
-    k = len(weights) // (2 if rnn.bidirectional else 1)   # [w_ih, w_hh, b_ih, b_hh] per direction
-    outs = [torch._VF.lstm(x, (h0, h0), weights[:k], rnn.bias, 1, 0.0, rnn.training, False,
-                           False)[0]]
-    if rnn.bidirectional:
-        idx = reverse_index(lengths.cpu(), T)[:, :, None]
-        xr = x.gather(0, idx.expand_as(x))
-        yr = torch._VF.lstm(xr, (h0, h0), weights[k:], rnn.bias, 1, 0.0, rnn.training, False,
-                            False)[0]
-        outs.append(yr.gather(0, idx.expand_as(yr)))
-    return torch.cat(outs, dim=2) * mask if len(outs) > 1 else outs[0] * mask
 
 
 def build_model(mcfg, input_size: int, num_labels: int) -> CTCModel:
