@@ -13,7 +13,9 @@ def histogram(values: np.ndarray, bins: int = 10, width: int = 40) -> list[str]:
             for i, c in enumerate(counts)]
 
 
-def inspect(path: str, subsample: int = 1, chunk_frames: int = 2_000_000) -> str:
+def inspect(path: str, subsample: int = 1, chunk_frames: int = 2_000_000,
+            problems: list[str] | None = None) -> str:
+    """The report as text; failed chunk checksums are also appended to ``problems``."""
     ds = Dataset.open(path, chunk_frames)
     tl = ds.target_lengths
     lines = [f"{path}",
@@ -32,4 +34,41 @@ def inspect(path: str, subsample: int = 1, chunk_frames: int = 2_000_000) -> str
     lines.append(f"  infeasible     {len(bad)} sequences too short for their targets "
                  f"(subsample {subsample})" + (": " + ", ".join(ds.tag(int(i)) for i in bad[:10])
                                                if len(bad) else ""))
+    if len(ds.shards) > 1 or ds.chunks[0].sha256:
+        lines += manifest_report(ds, problems if problems is not None else [])
     return "\n".join(lines)
+
+
+def manifest_report(ds: Dataset, problems: list[str]) -> list[str]:
+    """Checksums of every chunk, frames and length profile per shard, order warnings."""
+    from rnntrain.errors import UserError
+    from rnntrain.manifest import verify_chunk
+    bad = []
+    for c in ds.chunks:
+        try:
+            verify_chunk(c)
+        except UserError as e:
+            bad.append(str(e))
+            problems.append(str(e))
+    lines = [f"  checksums      {len(ds.chunks) - len(bad)} of {len(ds.chunks)} chunk files OK"
+             + ("" if not bad else "; FAILED:"), *[f"    {b}" for b in bad],
+             f"  shards ({ds.within} inside): frames, sequences, length quartiles "
+             "(min/25%/50%/75%/max)"]
+    totals = []
+    for s, sh in enumerate(ds.shards):
+        ids = np.concatenate([ds.chunks[k].seqs for k in sh])
+        lens = ds.lengths[ids]
+        totals.append(int(lens.sum()))
+        q = np.percentile(lens, [0, 25, 50, 75, 100]).astype(int)
+        lines.append(f"    shard {s:>3}  {totals[-1]:>12,}  {len(ids):>8}  "
+                     f"{'/'.join(str(v) for v in q)}  ({len(sh)} chunks)")
+        if ds.within == "sorted" and np.any(np.diff(lens) < 0):
+            lines.append(f"    warning: shard {s} should be sorted by length but is not "
+                         "(the plan still sorts inside each chunk; re-shard to restore "
+                         "length-classed chunks)")
+    spread = (max(totals) - min(totals)) / max(max(totals), 1)
+    lines.append(f"  shard frame spread  {100 * spread:.2f}% (largest vs smallest)")
+    if bad:
+        lines.append("  error: some chunk files do not match the manifest; re-run "
+                     "rnntrain-data shard")
+    return lines

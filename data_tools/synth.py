@@ -1,6 +1,6 @@
 """A synthetic CTC task: label strings rendered as noisy frames of varying duration.
 
-Each label has a random prototype vector; a label occupies 2-8 frames whose features
+Each label has a random prototype vector; a label occupies 3-8 frames whose features
 move from the prototype towards the next label's (co-articulation, so context helps),
 plus Gaussian noise; silence gaps (noise only) of 0-3 frames separate labels, at least one
 between two equal labels (CTC needs it to tell them apart). The number of labels per
@@ -14,7 +14,7 @@ from rnntrain.ncdata import NcWriter
 
 
 def make_sequences(num_seqs: int, num_labels: int, input_size: int, seed: int,
-                   mean_labels: float = 6.0, spread: float = 0.6, noise: float = 0.6,
+                   mean_labels: float = 6.0, spread: float = 0.6, noise: float = 0.5,
                    prototypes_seed: int = 1234):
     """Yield (frames (T, F) float32, target label indices) for each sequence.
 
@@ -29,7 +29,7 @@ def make_sequences(num_seqs: int, num_labels: int, input_size: int, seed: int,
         labels = rng.integers(num_labels, size=n)
         parts = [np.zeros((int(rng.integers(0, 4)), input_size))]
         for j, lab in enumerate(labels):
-            dur = int(rng.integers(2, 9))
+            dur = int(rng.integers(3, 9))
             nxt = protos[labels[j + 1]] if j + 1 < n else np.zeros(input_size)
             w = np.linspace(0.0, 0.4, dur)[:, None]
             parts.append((1 - w) * protos[lab] + w * nxt)

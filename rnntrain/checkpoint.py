@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .errors import UserError
 
 FORMAT_VERSION = 1
+_PAUSE = bool(os.environ.get("RNNTRAIN_TEST_PAUSE"))  # see faults.pause_point
 
 
 def save_atomic(obj: dict, path: Path):
@@ -26,7 +29,22 @@ def save_atomic(obj: dict, path: Path):
             torch.save(obj, fh)
             fh.flush()
             os.fsync(fh.fileno())
+        if _PAUSE:  # tests kill the process here: the temp file is complete, not renamed
+            from .faults import pause_point
+            pause_point("ckpt", int(m.group(1)) if (m := _STEP.search(path.name)) else -1)
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:
+        # disk full, quota, file size limit: the old checkpoint stays. torch.save reports a
+        # failed write of a large tensor as a RuntimeError ("unexpected pos ...").
+        tmp.unlink(missing_ok=True)
+        why = e.strerror if isinstance(e, OSError) and e.strerror else \
+            f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        try:
+            free = f"; {shutil.disk_usage(path.parent).free / 2**20:.0f} MiB free there"
+        except OSError:
+            free = ""
+        raise UserError(f"cannot write checkpoint {path} ({why}{free}); the previous "
+                        f"checkpoints in {path.parent} are intact") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -71,3 +89,165 @@ def prune(folder: Path, keep_last: int):
     """Remove all but the newest ``keep_last`` step checkpoints (after a new one is complete)."""
     for p in step_checkpoints(folder)[:-keep_last]:
         p.unlink(missing_ok=True)
+
+
+# ---- training checkpoints: what a resumed run needs to repeat the uninterrupted one
+
+def rng_states() -> dict:
+    """torch, numpy and python global RNG states as tensors and plain values.
+
+    The trainer derives every draw from (seed, epoch, step, task) (``plan.rng_for``), so
+    these are not needed for exact resume today; they are saved so that a future component
+    drawing from a global generator does not silently break it.
+    """
+    import random
+    np_state = np.random.get_state()
+    return {"torch": torch.get_rng_state(),
+            "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)),
+                      "pos": int(np_state[2]), "has_gauss": int(np_state[3]),
+                      "gauss": float(np_state[4])},
+            "python": _py_state_to_plain(random.getstate())}
+
+
+def set_rng_states(states: dict):
+    import random
+    torch.set_rng_state(states["torch"])
+    n = states["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"],
+                         n["has_gauss"], n["gauss"]))
+    random.setstate(_py_state_from_plain(states["python"]))
+
+
+def _py_state_to_plain(state):
+    version, internal, gauss = state
+    return {"version": version, "internal": torch.tensor(internal, dtype=torch.int64),
+            "gauss": gauss}
+
+
+def _py_state_from_plain(d):
+    return (d["version"], tuple(int(v) for v in d["internal"].tolist()), d["gauss"])
+
+
+def save_training(folder: Path | None, name: str, cfg, model, opt, state: dict, ds,
+                  keep_last: int):
+    """Write ``folder/name`` (rank 0 only: other ranks pass folder=None) and prune.
+
+    Step checkpoints beyond ``keep_last`` are removed only after the new one is complete.
+    """
+    if folder is None:
+        return
+    from .config import to_dict
+    save_atomic({"format": FORMAT_VERSION, "model": model.state_dict(),
+                 "optim": opt.state_dict(), "state": dict(state), "config": to_dict(cfg),
+                 "labels": list(ds.labels), "input_size": ds.input_size,
+                 "rng": rng_states()}, Path(folder) / name)
+    if name.startswith("step-"):
+        prune(folder, keep_last)
+
+
+def _position(ck: dict) -> tuple:
+    s = ck["state"]
+    return (s["epoch"], s["pos"], s["step"])
+
+
+def resume_candidates(folder: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """``--resume auto``: (usable files, newest training position first; [(unreadable
+    file, why)]) among the step checkpoints and last.pt.
+
+    Ordered by the position stored in each file, not by mtime or name: last.pt written at
+    an epoch end is newer than the step checkpoint of the same step.
+    """
+    folder = Path(folder)
+    found = [p for p in step_checkpoints(folder) + [folder / "last.pt"] if p.exists()]
+    good, broken = [], []
+    for p in found:
+        try:
+            good.append((tuple(-v for v in _position(load(p))), p))
+        except UserError as e:
+            broken.append((p, str(e)))
+        except (KeyError, TypeError):
+            broken.append((p, f"{p}: checkpoint lacks the training position"))
+    return [p for _, p in sorted(good)], broken
+
+
+def check_matches(ck: dict, path, ds, model_cfg: dict):
+    """The checkpoint must fit the data (inputPattSize, alphabet) and the model config."""
+    if ck.get("input_size") != ds.input_size:
+        raise UserError(f"{path}: checkpoint has inputPattSize {ck.get('input_size')}, "
+                        f"{ds.source} has {ds.input_size}")
+    if ck.get("labels") != list(ds.labels):
+        raise UserError(f"{path}: checkpoint alphabet differs from {ds.source}")
+    if ck.get("config", {}).get("model") != model_cfg:
+        diff = {k: (ck.get("config", {}).get("model", {}).get(k), v)
+                for k, v in model_cfg.items()
+                if ck.get("config", {}).get("model", {}).get(k) != v}
+        raise UserError(f"{path}: model section differs from the config "
+                        f"(checkpoint vs config: {diff})")
+
+
+def load_for_resume(resume: str, run_dir: Path, ds, model, opt, model_cfg: dict,
+                    warn=print) -> dict:
+    """Load ``resume`` (a path, or "auto": newest usable in run_dir/checkpoints) into the
+    model and optimizer; returns the checkpoint dict (with "path").
+
+    A checkpoint that fails to load (truncated, other format version, other model shape)
+    is reported with ``warn`` and, for "auto", the next older one is tried.
+    """
+    folder = Path(run_dir) / "checkpoints"
+    if resume == "auto":
+        remove_stale_temps(folder)
+        cands, broken = resume_candidates(folder)
+        if not cands and not broken:
+            raise UserError(f"--resume auto: no checkpoint in {folder}")
+        for path, why in broken:
+            warn(f"warning: {why}; skipping it" +
+                 (f", falling back to {cands[0]}" if cands else ""))
+        if not cands:
+            raise UserError(f"--resume auto: no usable checkpoint in {folder} "
+                            f"({len(broken)} unreadable; {broken[-1][1]})")
+    else:
+        cands = [Path(resume)]
+    errors = []
+    for i, path in enumerate(cands):
+        try:
+            ck = load(path)
+            check_matches(ck, path, ds, model_cfg)
+            try:
+                model.load_state_dict(ck["model"])
+                opt.load_state_dict(ck["optim"])
+            except (RuntimeError, ValueError, KeyError) as e:
+                raise UserError(f"{path}: does not fit this model "
+                                f"({str(e).splitlines()[0][:200]})") from None
+            if "rng" in ck:
+                set_rng_states(ck["rng"])
+            ck["path"] = str(path)
+            return ck
+        except UserError as e:
+            errors.append(str(e))
+            if i == len(cands) - 1:
+                if len(cands) > 1:
+                    raise UserError(f"--resume auto: no usable checkpoint in {folder} "
+                                    f"(tried {len(cands)}; newest: {errors[0]})") from None
+                raise
+            warn(f"warning: {e}; falling back to {cands[i + 1]}")
+    raise AssertionError("unreachable")
+
+
+def existing_run(run_dir: Path) -> str | None:
+    """Why a fresh run must not start in ``run_dir`` (it holds a run's checkpoints, which
+    the new run would overwrite and prune), or None."""
+    folder = Path(run_dir) / "checkpoints"
+    found = step_checkpoints(folder) + [p for p in (folder / "last.pt", folder / "best.pt")
+                                        if p.exists()]
+    if not found:
+        return None
+    return (f"run folder {run_dir} already holds checkpoints of a run ({found[-1].name}, "
+            f"...); continue it with --resume, or choose another run.dir")
+
+
+def remove_stale_temps(folder: Path):
+    """Temp files of writes interrupted by a crash (never valid checkpoints)."""
+    folder = Path(folder)
+    if folder.is_dir():
+        for p in folder.glob(".*.pt.tmp*"):
+            p.unlink(missing_ok=True)

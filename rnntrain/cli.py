@@ -1,21 +1,34 @@
-"""``rnntrain`` command line: train, eval, decode.
+"""``rnntrain`` command line: train, eval, decode, runs, sweep, report.
 
 User mistakes (UserError, a ValueError) print one line and exit 2, without a traceback.
 """
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import sys
 
 from .errors import UserError
 
 
+_STORAGE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+
+
 def _cmd_train(args) -> int:
     from .config import load_config
-    from .train import train
     cfg = load_config(args.config, args.overrides)
-    train(cfg, args.config, args.overrides, resume=args.resume)
+    if args.trace:
+        from . import trace
+        trace.configure(args.trace, trace.parse_window(args.trace_steps))
+    from .train import train  # torch: imported once the arguments are known to be good
+    try:
+        train(cfg, args.config, args.overrides, resume=args.resume)
+    except BaseException as e:
+        from . import dist
+        dist.fail(e)  # under MPI: name this rank and abort the whole job (no hang)
+        raise
     return 0
 
 
@@ -26,7 +39,7 @@ def _load_for_eval(checkpoint: str, data: str, device: str):
     from .dataset import Dataset
     from .errors import DataError
     from .model import build_model
-    from .train import pick_device
+    from .device import pick_device
     ck = ckpt.load(checkpoint)
     cfg = config_from_dict(ck["config"])
     ds = Dataset.open(data, cfg.data.chunk_frames)
@@ -62,20 +75,51 @@ def _cmd_eval(args) -> int:
 
 
 def _cmd_decode(args) -> int:
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        raise UserError(f"--out {args.out}: its folder does not exist")  # before decoding
     from .evaluate import evaluate
     cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device)
     keep = ds.feasible(cfg.model.subsample)
     hyps: dict[int, list[int]] = {}
     evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev, beam=args.beam,
              on_hyp=lambda s, h: hyps.__setitem__(s, h))
-    out = open(args.out, "w") if args.out else sys.stdout
+    lines = []
+    for i in range(ds.num_seqs):
+        hyp = " ".join(ds.labels[k] for k in hyps[i]) if i in hyps else "<skipped: too short>"
+        lines.append(f"{ds.tag(i)}\t{hyp}\n")
+    if not args.out:
+        sys.stdout.writelines(lines)
+        return 0
+    # temp file + rename: an interrupted decode never leaves a partial file under the name
+    tmp = f"{args.out}.tmp{os.getpid()}"
     try:
-        for i in range(ds.num_seqs):
-            hyp = " ".join(ds.labels[k] for k in hyps[i]) if i in hyps else "<skipped: too short>"
-            out.write(f"{ds.tag(i)}\t{hyp}\n")
+        with open(tmp, "w") as fh:
+            fh.writelines(lines)
+        os.replace(tmp, args.out)
+    except OSError as e:
+        raise UserError(f"cannot write {args.out} ({e.strerror})") from None
     finally:
-        if args.out:
-            out.close()
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return 0
+
+
+def _cmd_runs(args) -> int:
+    from .runs import list_runs
+    print(list_runs(args.dir, as_json=args.json))
+    return 0
+
+
+def _cmd_sweep(args) -> int:
+    from .sweep import sweep
+    return sweep(args.config, args.grid, out=args.out, print_only=args.print,
+                 launcher=args.launcher, show_output=args.show_output)
+
+
+def _cmd_report(args) -> int:
+    from .report import report
+    md = report(args.runs, out=args.out, tensorboard=args.tensorboard)
+    print(f"wrote {md} and its figures in {md.parent}")
     return 0
 
 
@@ -88,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("overrides", nargs="*", help="section.key=value (TOML values)")
     t.add_argument("--resume", nargs="?", const="auto", default=None,
                    help="continue from a checkpoint: a path, or 'auto' (newest in run.dir)")
+    t.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace (JSON) of "
+                   "every thread and rank for a window of steps")
+    t.add_argument("--trace-steps", metavar="A:B", default="1:11",
+                   help="global steps A <= step < B to trace (default 1:11)")
     for name, hlp in (("eval", "score a checkpoint on a dataset"),
                       ("decode", "print tag and hypothesis per sequence")):
         e = sub.add_parser(name, help=hlp)
@@ -100,6 +148,24 @@ def build_parser() -> argparse.ArgumentParser:
             e.add_argument("--json", action="store_true")
         else:
             e.add_argument("--out", help="write here instead of stdout")
+    r = sub.add_parser("runs", help="list run folders: status, epochs, best LER, speed")
+    r.add_argument("dir", nargs="?", default="runs", help="folder to search (default runs)")
+    r.add_argument("--json", action="store_true")
+    w = sub.add_parser("sweep", help="train a grid of configurations and tabulate them",
+                       description="Train every combination of key=v1,v2,... one after "
+                                   "another and write results.md/results.csv.")
+    w.add_argument("config")
+    w.add_argument("grid", nargs="+", help="section.key=v1,v2,... (one value: all runs)")
+    w.add_argument("--out", help="sweep folder (default sweeps/<config>-<date-time>)")
+    w.add_argument("--print", action="store_true", help="print the commands, run nothing")
+    w.add_argument("--launcher", default="", help="prefix for each run, e.g. 'mpiexec -n 4'")
+    w.add_argument("--show-output", action="store_true",
+                   help="show each run's output instead of saving it in console.log")
+    g = sub.add_parser("report", help="plots and a markdown summary of one or more runs")
+    g.add_argument("runs", nargs="+", help="run folders (several overlay)")
+    g.add_argument("--out", help="output folder (default RUN/report, or ./report)")
+    g.add_argument("--tensorboard", action="store_true",
+                   help="also write TensorBoard event files (needs tensorboard)")
     return p
 
 
@@ -113,11 +179,19 @@ def main(argv=None) -> int:
         args.overrides = list(args.overrides) + extra
     elif extra:
         build_parser().error(f"unrecognized arguments: {' '.join(extra)}")
-    handler = {"train": _cmd_train, "eval": _cmd_eval, "decode": _cmd_decode}[args.cmd]
+    handler = {"train": _cmd_train, "eval": _cmd_eval, "decode": _cmd_decode,
+               "runs": _cmd_runs, "sweep": _cmd_sweep, "report": _cmd_report}[args.cmd]
     try:
         return handler(args)
     except UserError as e:
         print(f"rnntrain {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.errno not in _STORAGE_ERRORS:
+            raise
+        # disk full, quota, file size limit, read-only: a condition of the machine, not a bug
+        print(f"rnntrain {args.cmd}: error: cannot write {e.filename or 'a file'} "
+              f"({e.strerror}); checkpoints written before are intact", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"rnntrain {args.cmd}: interrupted", file=sys.stderr)

@@ -55,11 +55,12 @@ class TrainConfig:
     batch_frames: int = 8000     # padded frames per (global) batch
     seed: int = 1
     input_noise: float = 0.0     # Gaussian noise std added to inputs (RNNLIB inputNoiseDev)
-    threads: int = 0             # worker threads; 0 = one per core
-    intra_threads: int = 1       # torch intra-op threads per worker
+    threads: int = 0             # worker threads; 0 = fill this rank's cores (cores / intra_threads)
+    intra_threads: int = 1       # torch intra-op threads per worker (one process-wide setting)
     tasks_per_worker: int = 2    # micro-batches per worker per batch (load balance)
     device: str = "auto"         # "auto", "cpu", "cuda", "cuda:N"
     precision: str = "fp32"      # "fp32", "bf16", "fp16" (CUDA autocast; CTC stays fp32)
+    round_lengths: int = 0       # pad batches to a ladder of N lengths per doubling; 0 = off
     deterministic: bool = True
     max_bad_steps: int = 5       # NaN/Inf steps in a row before the run stops
     patience: int = 0            # stop after N validations without improvement; 0 = never
@@ -116,7 +117,8 @@ POSITIVE = {("model", "layers"), ("model", "hidden"), ("model", "subsample"),
 NON_NEGATIVE = {("optim", "momentum"), ("optim", "weight_decay"), ("optim", "clip_norm"),
                 ("optim", "warmup_steps"), ("optim", "min_lr"), ("train", "input_noise"),
                 ("train", "threads"), ("train", "patience"), ("checkpoint", "every_steps"),
-                ("checkpoint", "every_minutes"), ("model", "dropout"), ("train", "seed")}
+                ("checkpoint", "every_minutes"), ("model", "dropout"), ("train", "seed"),
+                ("train", "round_lengths")}
 
 
 def _valid_keys(obj) -> str:

@@ -92,7 +92,10 @@ class Dataset:
     @staticmethod
     def open(path: str, chunk_frames: int = 2_000_000) -> "Dataset":
         p = Path(path)
-        if p.is_dir() and (p / "manifest.json").is_file():
+        if p.is_dir():
+            if not (p / "manifest.json").is_file():
+                raise UserError(f"{path}: a folder without manifest.json (not a dataset, or "
+                                "an interrupted rnntrain-data shard: run it again)")
             p = p / "manifest.json"
         if p.suffix == ".json":
             from .manifest import open_manifest

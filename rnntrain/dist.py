@@ -1,34 +1,79 @@
 """The MPI layer: the only module that imports mpi4py.
 
-``init()`` returns a communicator with one interface whether the job runs under mpiexec
-(MPIComm) or alone (LocalComm, the single-process stand-in), so nothing else in the
-trainer branches on MPI. Buffers are numpy arrays and travel with mpi4py's uppercase,
-buffer-based methods (never pickle) except for small start-up objects.
+``init()`` returns a communicator with one interface whether the job runs under an MPI
+launcher (MPIComm) or alone (LocalComm, the single-process stand-in), so nothing else in
+the trainer branches on MPI. Buffers are numpy arrays and travel with mpi4py's uppercase,
+buffer-based methods (never pickle) except for small start-up objects (``bcast_obj``).
+
+Every per-step collective (``allreduce_``, ``reduce_``, ``bcast_``, ``allgather_``) runs
+under a deadline (``dist.timeout_s``): a rank that does not arrive (killed, stuck) is named
+and the whole job is aborted instead of hanging forever.
 """
 from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
+import traceback
+from typing import Callable, Mapping
 
 import numpy as np
 
 from .errors import UserError
 
-_MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "SLURM_NTASKS",
-            "HYDRA_CONTROL_FD", "PMI_RANK")
+# Variables that MPI launchers put into each rank's environment. Presence of one means
+# "started by a launcher, initialise MPI"; the world size then comes from MPI itself.
+_LAUNCHER_ENV = (
+    "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",   # Open MPI (mpirun/prterun)
+    "PMI_SIZE", "PMI_RANK",                            # MPICH/Intel MPI Hydra, PMI-1/2
+    "PMIX_RANK", "PMIX_NAMESPACE",                     # PMIx (Open MPI 5, srun --mpi=pmix)
+    "MV2_COMM_WORLD_SIZE",                             # MVAPICH2
+    "PALS_RANKID", "ALPS_APP_PE",                      # HPE/Cray PALS and ALPS
+    "MPI_LOCALNRANKS",                                 # MPICH Hydra (local)
+)
+
+# Combining function of a custom reduction: (incoming bytes, in/out bytes) -> None.
+Combine = Callable[[np.ndarray, np.ndarray], None]
+
+# Roll-call tags on the control communicator (see MPIComm._wait).
+_TAG_ROLL, _TAG_ALIVE = 71, 72
+
+
+def launched_by_mpi(environ: Mapping[str, str] = os.environ) -> bool:
+    """True when an MPI launcher (mpiexec/mpirun of MPICH, Open MPI, Intel MPI, MVAPICH,
+    srun under Slurm, PALS/ALPS) started this process."""
+    if any(v in environ for v in _LAUNCHER_ENV):
+        return True
+    # srun sets SLURM_STEP_ID/SLURM_PROCID for each task; a plain `python` inside an
+    # sbatch script has SLURM_NTASKS but no step id, and must not initialise MPI.
+    return "SLURM_STEP_ID" in environ and "SLURM_PROCID" in environ \
+        and int(environ.get("SLURM_STEP_NUM_TASKS", environ.get("SLURM_NTASKS", "1"))) > 1
 
 
 class LocalComm:
     """One process: every collective is the identity."""
     rank, size, local_rank, local_size = 0, 1, 0, 1
     name = "local"
+    timeout_s = float("inf")
 
-    def allreduce_(self, buf: np.ndarray) -> np.ndarray:
-        """Sum ``buf`` over ranks, in place; returns it."""
+    def allreduce_(self, buf: np.ndarray, combine: Combine | None = None,
+                   what: str = "allreduce") -> np.ndarray:
+        """Sum ``buf`` over ranks, in place (``combine``: a custom reduction of raw bytes,
+        the whole buffer being one element); returns it."""
         return buf
 
-    def bcast_(self, buf: np.ndarray, root: int = 0) -> np.ndarray:
+    def reduce_(self, buf: np.ndarray, root: int = 0, combine: Combine | None = None,
+                what: str = "reduce") -> np.ndarray:
+        """Sum ``buf`` into ``root``'s ``buf`` (other ranks' buffers are left as they are)."""
         return buf
+
+    def bcast_(self, buf: np.ndarray, root: int = 0, what: str = "broadcast") -> np.ndarray:
+        return buf
+
+    def allgather_(self, buf: np.ndarray, what: str = "allgather") -> np.ndarray:
+        """Every rank's ``buf`` (same shape everywhere) stacked: (size, *buf.shape)."""
+        return buf[None].copy()
 
     def allgather(self, obj) -> list:
         return [obj]
@@ -42,6 +87,10 @@ class LocalComm:
     def barrier(self):
         pass
 
+    def roster(self) -> str:
+        """Which process is which rank (to match a launcher's "PID n exited" to a rank)."""
+        return ""
+
     def abort(self, msg: str, code: int = 1):
         print(msg, file=sys.stderr, flush=True)
         os._exit(code)
@@ -53,24 +102,56 @@ class LocalComm:
 class MPIComm(LocalComm):
     name = "mpi"
 
-    def __init__(self, mpi):
+    def __init__(self, mpi, timeout_s: float = 120.0):
         self.MPI = mpi
         self.comm = mpi.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         node = self.comm.Split_type(mpi.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
         node.Free()
+        # roll calls travel on their own communicator so they never match data messages
+        self.ctl = self.comm.Dup()
+        self.timeout_s = timeout_s
+        self._ops: dict = {}
+        self._idle = threading.Event()  # never set: a bounded sleep between Tests
 
-    def allreduce_(self, buf: np.ndarray) -> np.ndarray:
+    # ---- per-step collectives, all non-blocking + deadline
+    def allreduce_(self, buf, combine=None, what="allreduce"):
         assert buf.flags.c_contiguous
-        self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
+        if combine is None:
+            req = self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
+        else:
+            dtype, op = self._custom(combine, buf.nbytes)
+            req = self.comm.Iallreduce(self.MPI.IN_PLACE, [buf, 1, dtype], op=op)
+        self._wait(req, what)
         return buf
 
-    def bcast_(self, buf: np.ndarray, root: int = 0) -> np.ndarray:
+    def reduce_(self, buf, root=0, combine=None, what="reduce"):
         assert buf.flags.c_contiguous
-        self.comm.Bcast(buf, root=root)
+        send = self.MPI.IN_PLACE if self.rank == root else buf
+        if combine is None:
+            recv = buf if self.rank == root else None
+            req = self.comm.Ireduce(send, recv, op=self.MPI.SUM, root=root)
+        else:
+            dtype, op = self._custom(combine, buf.nbytes)
+            msg = [buf, 1, dtype]
+            req = self.comm.Ireduce(self.MPI.IN_PLACE if self.rank == root else msg,
+                                    msg if self.rank == root else None, op=op, root=root)
+        self._wait(req, what)
         return buf
 
+    def bcast_(self, buf, root=0, what="broadcast"):
+        assert buf.flags.c_contiguous
+        self._wait(self.comm.Ibcast(buf, root=root), what)
+        return buf
+
+    def allgather_(self, buf, what="allgather"):
+        buf = np.ascontiguousarray(buf)
+        out = np.empty((self.size, *buf.shape), buf.dtype)
+        self._wait(self.comm.Iallgather(buf, out), what)
+        return out
+
+    # ---- start-up (blocking, small)
     def allgather(self, obj) -> list:
         return self.comm.allgather(obj)
 
@@ -86,26 +167,136 @@ class MPIComm(LocalComm):
     def barrier(self):
         self.comm.Barrier()
 
+    def roster(self) -> str:
+        ids = self.comm.allgather((os.getpid(), self.MPI.Get_processor_name()))
+        return f"{self.size} MPI ranks: " + ", ".join(
+            f"rank {r} = pid {pid} on {host}" for r, (pid, host) in enumerate(ids))
+
     def abort(self, msg: str, code: int = 1):
-        print(f"[rank {self.rank}] {msg}", file=sys.stderr, flush=True)
+        print(f"[rank {self.rank}/{self.size}] {msg}", file=sys.stderr, flush=True)
+        time.sleep(0.2)  # let the launcher forward the message before it kills the job
         self.comm.Abort(code)
+        os._exit(code)  # MPICH's Abort can return after notifying the launcher
 
     def close(self):
-        pass
+        for dtype, op in self._ops.values():
+            dtype.Free()
+            op.Free()
+        self._ops.clear()
+
+    # ---- internals
+    def _custom(self, combine: Combine, nbytes: int):
+        """A datatype covering the whole message as ONE element, and an MPI op running
+        ``combine`` on it: MPI never splits an element, so the combine function always
+        sees the complete message (header and payload) and can decode it."""
+        key = (combine, nbytes)
+        if key not in self._ops:
+            dtype = self.MPI.BYTE.Create_contiguous(nbytes).Commit()
+
+            def fn(inbuf, inoutbuf, _dtype):
+                combine(np.frombuffer(inbuf, np.uint8, nbytes),
+                        np.frombuffer(inoutbuf, np.uint8, nbytes))
+            self._ops[key] = (dtype, self.MPI.Op.Create(fn, commute=True))
+        return self._ops[key]
+
+    def _wait(self, req, what: str):
+        """Complete ``req`` or abort the job naming the ranks that did not arrive.
+
+        MPI has no timed wait, so we Test with a short, growing Event-wait between tries
+        (at most 2 ms: small next to a step, and it leaves the core to the other ranks
+        on an oversubscribed node). Test also drives MPI progress for this request.
+        """
+        if req.Test():
+            return
+        start = time.monotonic()
+        deadline, delay, asked = start + self.timeout_s, 2e-5, False
+        grace = min(5.0, max(1.0, self.timeout_s / 4))
+        while not req.Test():
+            now = time.monotonic()
+            if now - start > 0.05 and self.rank != 0 and self._answer_roll_call():
+                asked = True
+            if now > deadline:
+                if self.rank == 0:
+                    self._roll_call(what, grace)  # aborts the job
+                elif now > deadline + grace * (3 if asked else 1):
+                    # rank 0 would have called the roll and ended the job by now: it is
+                    # the one that did not arrive (or it is stuck itself)
+                    self.abort(f"error: rank 0 did not arrive at the {what} within "
+                               f"dist.timeout_s = {self.timeout_s:g} s; aborting the job")
+            self._idle.wait(delay)
+            delay = min(delay * 2, 2e-3)
+
+    def _answer_roll_call(self) -> bool:
+        """Non-root ranks: answer rank 0's roll call if one is pending."""
+        if not self.ctl.Iprobe(source=0, tag=_TAG_ROLL):
+            return False
+        token = np.zeros(1, np.int64)
+        self.ctl.Recv(token, source=0, tag=_TAG_ROLL)
+        self.ctl.Send(np.array([self.rank], np.int64), dest=0, tag=_TAG_ALIVE)
+        return True
+
+    def _roll_call(self, what: str, grace: float):
+        """Rank 0, past the deadline: ask every rank whether it waits in the same
+        collective; those that do not answer within ``grace`` are the missing ones."""
+        token = np.zeros(1, np.int64)
+        sends = [self.ctl.Isend(token, dest=r, tag=_TAG_ROLL) for r in range(1, self.size)]
+        alive, end = {0}, time.monotonic() + grace
+        while time.monotonic() < end and len(alive) < self.size:
+            if self.ctl.Iprobe(source=self.MPI.ANY_SOURCE, tag=_TAG_ALIVE):
+                who = np.zeros(1, np.int64)
+                self.ctl.Recv(who, source=self.MPI.ANY_SOURCE, tag=_TAG_ALIVE)
+                alive.add(int(who[0]))
+            else:
+                self._idle.wait(0.01)
+        missing = sorted(set(range(self.size)) - alive)
+        del sends  # never completed for dead ranks; the job ends below
+        self.abort(f"error: rank(s) {', '.join(map(str, missing)) or '(none?)'} of "
+                   f"{self.size} did not arrive at the {what} within dist.timeout_s = "
+                   f"{self.timeout_s:g} s (killed or stuck); aborting the job")
 
 
-def launched_by_mpi() -> bool:
-    return any(v in os.environ for v in _MPI_ENV)
+_COMM: LocalComm | None = None
 
 
 def init(dcfg=None) -> LocalComm:
-    """MPIComm when started by an MPI launcher with more than one rank, else LocalComm."""
-    if not launched_by_mpi():
-        return LocalComm()
-    try:
-        from mpi4py import MPI
-    except ImportError:
-        return LocalComm()
-    if MPI.COMM_WORLD.Get_size() == 1:
-        return LocalComm()
-    return MPIComm(MPI)
+    """MPIComm when started by an MPI launcher with more than one rank, else LocalComm.
+
+    The communicator is kept for ``fail`` (the CLI's abort-on-error) and reused on a
+    second call in the same process (MPI can be initialised only once).
+    """
+    global _COMM
+    timeout = float(getattr(dcfg, "timeout_s", 120.0))
+    if _COMM is not None:
+        _COMM.timeout_s = timeout if _COMM.size > 1 else _COMM.timeout_s
+        return _COMM
+    comm = LocalComm()
+    if launched_by_mpi():
+        try:
+            from mpi4py import MPI
+        except ImportError:
+            raise UserError("started by an MPI launcher but mpi4py is not installed "
+                            "(pip install 'rnntrain[mpi]')") from None
+        if MPI.COMM_WORLD.Get_size() > 1:
+            comm = MPIComm(MPI, timeout)
+    _COMM = comm
+    return comm
+
+
+def fail(exc: BaseException):
+    """Called by the CLI when training raised: with more than one rank, print the error
+    naming this rank and abort the WHOLE job (the other ranks would otherwise wait in the
+    next collective forever). Returns normally when alone, so the caller re-raises."""
+    comm = _COMM
+    if comm is None or comm.size == 1 or isinstance(exc, SystemExit):
+        return
+    if comm.rank != 0:
+        # when every rank fails alike (a check that all ranks make), let rank 0 report
+        # alone: two simultaneous aborts can lose both messages in the launcher
+        time.sleep(1.0)
+    if isinstance(exc, UserError):
+        comm.abort(f"rnntrain train: error: {exc}", code=2)
+    elif isinstance(exc, KeyboardInterrupt):
+        comm.abort("rnntrain train: interrupted", code=130)
+    else:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        comm.abort(f"rnntrain train: internal error: {type(exc).__name__}: {exc}\n{tb}", 1)

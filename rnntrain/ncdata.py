@@ -18,6 +18,7 @@ lock is uncontended in training; it protects tools and tests that read from else
 from __future__ import annotations
 
 import os
+import struct
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,7 +75,8 @@ def _open(path, mode="r"):
     try:
         return _nc().Dataset(path, mode)
     except OSError as e:  # netCDF4 says "[Errno -51] NetCDF: Unknown file format" etc.
-        raise DataError(path, f"cannot open as NetCDF ({e.strerror or e})") from None
+        raise DataError(path, f"cannot open as NetCDF ({e.strerror or e}): not a NetCDF "
+                              "file, or a truncated or damaged one") from None
 
 
 def _strings(ds, name: str, path: str, required: bool) -> list[str] | None:
@@ -92,6 +94,8 @@ def _strings(ds, name: str, path: str, required: bool) -> list[str] | None:
                               f"{var.dimensions}", var=name)
     var.set_auto_chartostring(False)
     raw = np.asarray(var[:])
+    if raw.size == 0:  # a zero-length dimension (an empty alphabet, no sequences)
+        return [] if raw.shape[0] == 0 else [""] * raw.shape[0]
     out = []
     for row in raw.view(np.uint8).reshape(raw.shape[0], -1) if raw.dtype.kind == "S" else raw:
         b = bytes(row)
@@ -103,6 +107,7 @@ def read_header(path) -> NcHeader:
     """Read and validate everything but the inputs. Raises DataError naming file/var/seq."""
     path = str(path)
     with NC_LOCK, _open(path) as ds:
+        check_complete(path)
         dims = ds.dimensions
         for d in ("numSeqs", "inputPattSize"):
             if d not in dims:
@@ -111,6 +116,8 @@ def read_header(path) -> NcHeader:
             raise DataError(path, f"numDims = {dims['numDims'].size}: only 1-D sequences "
                                   "are supported (2-D data such as images is not)")
         n, f = dims["numSeqs"].size, dims["inputPattSize"].size
+        if f == 0:
+            raise DataError(path, "inputPattSize = 0: a frame needs at least one feature")
         if "inputs" not in ds.variables:
             raise DataError(path, "missing variable", var="inputs")
         inp = ds.variables["inputs"]
@@ -303,3 +310,79 @@ def write_file(path, seqs: Sequence[np.ndarray], targets: Sequence[str], labels:
     with NcWriter(path, labels, f, [len(s) for s in seqs], targets, tags, fmt) as w:
         for s in seqs:
             w.append(s)
+
+
+_NC_TYPE_SIZE = {1: 1, 2: 1, 3: 2, 4: 4, 5: 4, 6: 8, 7: 1, 8: 2, 9: 4, 10: 8, 11: 8}
+
+
+def classic_min_size(path) -> int | None:
+    """Bytes a classic-format (CDF-1/2/5) file needs for all its variables, from its header;
+    None for netCDF-4/HDF5 files (HDF5 reports truncation itself).
+
+    netCDF-C returns fill values (zeros) for reads past the end of a truncated classic
+    file instead of failing, so a half-copied file would train on silence: read_header
+    compares this with the file size.
+    """
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+        if head[:3] != b"CDF" or head[3] not in (1, 2, 5):
+            return None
+        v5 = head[3] == 5
+        big = fh.read  # the header is small: parse it from the stream
+
+        def num(n8: bool = v5) -> int:
+            return struct.unpack(">Q" if n8 else ">I", big(8 if n8 else 4))[0]
+
+        def name() -> str:
+            n = num()
+            s = big(n)
+            big(-n % 4)
+            return s.decode("utf-8", "replace")
+
+        def skip_atts():
+            tag, n = num(False), num()
+            assert tag in (0, 0x0C), "attribute list"
+            for _ in range(n):
+                name()
+                t, k = num(False), num()
+                big(-(-k * _NC_TYPE_SIZE[t] // 4) * 4)
+
+        numrecs = num()
+        tag, n = num(False), num()
+        dims = []
+        for _ in range(n):
+            name()
+            dims.append(num())
+        skip_atts()
+        tag, n = num(False), num()
+        need, rec = 0, []
+        for _ in range(n):
+            name()
+            ids = [num() for _ in range(num())]
+            skip_atts()
+            t = num(False)
+            num()                                    # vsize (unreliable above 4 GiB)
+            begin = num(head[3] != 1)
+            size = _NC_TYPE_SIZE[t]
+            for d in ids:
+                size *= dims[d] if dims[d] else 1    # the record dimension has length 0
+            if ids and dims[ids[0]] == 0:
+                rec.append((begin, size))
+            else:
+                need = max(need, begin + size)
+        if rec and numrecs and numrecs != 0xFFFFFFFF:
+            recsize = sum(s for _, s in rec)
+            need = max(need, max(b + (numrecs - 1) * recsize + s for b, s in rec))
+        return need
+
+
+def check_complete(path):
+    """DataError when a classic-format file is shorter than its header says (truncated)."""
+    try:
+        need = classic_min_size(path)
+    except (OSError, AssertionError, KeyError, IndexError, struct.error):
+        return  # unusual header: netCDF-C's own checks apply
+    have = os.path.getsize(path)
+    if need is not None and have < need:
+        raise DataError(path, f"truncated file: {have:,} bytes, its header describes "
+                              f"{need:,} (an interrupted copy or download?)")

@@ -6,12 +6,15 @@ import math
 import torch
 
 
-def build_optimizer(ocfg, params) -> torch.optim.Optimizer:
+def build_optimizer(ocfg, params, fused: bool = False) -> torch.optim.Optimizer:
+    """fused: one kernel per update that can also skip a NaN/Inf step on the device
+    (``device.masked_step``); used on CUDA, where a host check would stall the queue."""
     params = list(params)
     if ocfg.name == "sgd":
         return torch.optim.SGD(params, lr=ocfg.lr, momentum=ocfg.momentum,
-                               weight_decay=ocfg.weight_decay)
-    return torch.optim.Adam(params, lr=ocfg.lr, weight_decay=ocfg.weight_decay)
+                               weight_decay=ocfg.weight_decay, fused=fused or None)
+    return torch.optim.Adam(params, lr=ocfg.lr, weight_decay=ocfg.weight_decay,
+                            fused=fused or None)
 
 
 def lr_factor(ocfg, step: int, steps_per_epoch: int, total_steps: int) -> float:

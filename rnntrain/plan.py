@@ -11,6 +11,7 @@ waste about two thirds of the compute on padding.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +31,43 @@ class Step:
 def rng_for(seed: int, *keys: int) -> np.random.Generator:
     """A generator determined by (seed, keys) alone: no hidden global state."""
     return np.random.default_rng([seed & 0xFFFFFFFF, *[k & 0xFFFFFFFF for k in keys]])
+
+
+def bucket_length(n: int, per_octave: int) -> int:
+    """The padded length of a batch whose longest sequence has ``n`` frames.
+
+    ``per_octave`` = 0: ``n`` itself. Otherwise the next size of a geometric ladder with
+    ``per_octave`` sizes per doubling, rounded up to a multiple of 8: a GPU then sees a
+    few tensor shapes again and again (kernels and cached allocations repeat) for at most
+    2^(1/per_octave) times the padding (19% with 4), plus the rounding to 8.
+    """
+    if per_octave <= 0 or n <= 0:
+        return int(n)
+
+    def ladder(e: int) -> int:  # the e-th size: 2^(e/per_octave), up to a multiple of 8
+        return -(-math.ceil(2.0 ** (e / per_octave) - 1e-9) // 8) * 8
+
+    e = max(0, math.ceil(per_octave * math.log2(n) - 1e-9))
+    while e > 0 and ladder(e - 1) >= n:  # the rounding to 8 can merge neighbouring sizes
+        e -= 1
+    return max(ladder(e), -(-int(n) // 8) * 8)
+
+
+def bucket_lengths(lengths: np.ndarray, per_octave: int) -> np.ndarray:
+    """``bucket_length`` of every entry (N,) → (N,) int64."""
+    if per_octave <= 0:
+        return np.asarray(lengths)
+    return np.array([bucket_length(int(n), per_octave) for n in lengths], dtype=np.int64)
+
+
+class _Rounded:
+    """A dataset seen with bucket-rounded lengths (for batch budgets): the rest delegates."""
+
+    def __init__(self, ds, lengths: np.ndarray):
+        self._ds, self.lengths = ds, lengths
+
+    def __getattr__(self, name):
+        return getattr(self._ds, name)
 
 
 def group_by_length(ids: np.ndarray, lengths: np.ndarray, batch_frames: int,
@@ -58,14 +96,18 @@ def deal(batch: np.ndarray, lengths: np.ndarray, rank: int, world: int) -> tuple
 
 
 def make_plan(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
-              rank: int = 0, world: int = 1, shuffle: bool = True) -> list[Step]:
+              rank: int = 0, world: int = 1, shuffle: bool = True,
+              round_lengths: int = 0) -> list[Step]:
     """The epoch's steps for ``rank`` of ``world``.
 
     ds: a Dataset (only lengths, chunks and shards are used); keep: (N,) bool mask of the
     sequences to train on (infeasible ones are False). Single-shard datasets: every rank
     forms the same global batches and takes its dealt share. Sharded datasets (manifest):
-    see ``rnntrain.manifest.plan_sharded``.
+    see ``rnntrain.manifest.plan_sharded``. round_lengths > 0: the padded-frame budget
+    counts each sequence at its ``bucket_length`` (the length the worker pads it to).
     """
+    if round_lengths:
+        ds = _Rounded(ds, bucket_lengths(ds.lengths, round_lengths))
     if len(ds.shards) > 1:
         from .manifest import plan_sharded
         return plan_sharded(ds, keep, batch_frames, seed, epoch, rank, world, shuffle)

@@ -13,6 +13,8 @@ import threading
 import time
 from typing import Callable
 
+from . import trace
+
 
 class ChunkReader:
     def __init__(self, load: Callable[[int], dict], order: list[int],
@@ -46,7 +48,8 @@ class ChunkReader:
                 self.max_resident_seen = max(self.max_resident_seen, self._resident)
             t0 = time.perf_counter()
             try:
-                payload = self._load(k)
+                with trace.span("load chunk", chunk=k):
+                    payload = self._load(k)
             except BaseException as e:  # delivered to the consumer, which names the chunk
                 with self._cond:
                     self._error = e

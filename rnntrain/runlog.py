@@ -1,4 +1,8 @@
-"""The run folder: resolved config, metrics.jsonl, train.log, checkpoints/.
+"""The run folder: resolved config, metrics.jsonl, train.log, status.json, checkpoints/.
+
+``status.json`` says whether the run is running, finished, stopped (by a signal, resumable)
+or failed (with the error), and which process on which host runs it, so ``rnntrain runs``
+can tell a crashed run (its process is gone) from a live one.
 
 Only rank 0 writes (``RunLog(None)`` is the silent stand-in used on other ranks).
 """
@@ -7,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -47,14 +52,39 @@ class RunLog:
             tmp.write_text(text)
             os.replace(tmp, self.folder / name)
 
+    def set_status(self, status: str, **fields):
+        """Write status.json: running | finished | stopped | failed, plus ``fields``."""
+        if not self.folder:
+            return
+        old = {}
+        try:
+            old = json.loads((self.folder / "status.json").read_text())
+        except (OSError, ValueError):
+            pass
+        now = round(time.time(), 3)
+        rec = {"status": status, "started": old.get("started", now) if status != "running"
+               else now, "updated": now, "pid": os.getpid(), "host": socket.gethostname()}
+        rec.update(fields)
+        self.write_text("status.json", json.dumps(rec) + "\n")
+
+    def finish(self, exc: BaseException | None, stop_signal: str | None, state: dict):
+        """The final status.json of a run: failed (with the error), stopped (a signal or
+        Ctrl-C; resumable) or finished (all epochs, or early stopping)."""
+        stopped = stop_signal or isinstance(exc, KeyboardInterrupt)
+        status = "stopped" if stopped else "failed" if exc is not None else "finished"
+        best = state.get("best_ler", float("inf"))
+        self.set_status(status, epoch=state.get("epoch"), step=state.get("step"),
+                        best_ler=best if best != float("inf") else None,
+                        error=f"{type(exc).__name__}: {exc}" if status == "failed" else "")
+
     def metrics(self, **record):
         if self._metrics:
             record.setdefault("time", round(time.time(), 3))
-            self._metrics.write(json.dumps(record) + "\n")
+            _write(self._metrics, json.dumps(record) + "\n")
 
     def info(self, msg: str, echo: bool = True):
         if self._log:
-            self._log.write(time.strftime("%H:%M:%S ") + msg + "\n")
+            _write(self._log, time.strftime("%H:%M:%S ") + msg + "\n")
         if echo and self.folder is not None:
             from tqdm import tqdm
             tqdm.write(msg, file=sys.stderr)
@@ -62,4 +92,13 @@ class RunLog:
     def close(self):
         for f in (self._metrics, self._log):
             if f:
-                f.close()
+                _write(f, None)
+
+
+def _write(fh, text: str | None):
+    """Write (None: close), naming the file when the disk is full (the CLI prints that on
+    one line)."""
+    try:
+        fh.write(text) if text is not None else fh.close()
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, fh.name) from None

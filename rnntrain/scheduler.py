@@ -8,19 +8,28 @@ caller can reduce the per-task gradients in a fixed order: the result is bit-ide
 whatever the thread timing. PyTorch releases the GIL inside its kernels, so two workers
 with one intra-op thread each keep two cores busy.
 
+Task sizing (``split_tasks``) uses a fixed cost model of lengths alone (``CostModel``), so
+the task boundaries, and with them the summation order, never depend on timing.
+
 Errors: an exception in a task is re-raised by ``run`` in the main thread (TaskError,
 naming the worker and the task); the remaining queued tasks of that batch are dropped and
 the pool stays usable. ``close()`` wakes and joins every worker.
 """
 from __future__ import annotations
 
+import math
+import os
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import torch
+
+from . import trace
 
 
 class TaskError(RuntimeError):
@@ -52,8 +61,11 @@ class WorkerPool:
     def __init__(self, fn: Callable[[int, Task], Any], workers: int, intra_threads: int = 1,
                  name: str = "rnntrain-worker", on_start: Callable[[int], None] | None = None):
         """fn(worker_id, task) → result, called on worker threads; on_start(worker_id) once
-        per worker thread before its first task (sets torch's per-thread intra-op count)."""
-        assert workers >= 1
+        on each worker thread before its first task (per-worker state: a CUDA stream, pinned
+        buffers). Sets torch's intra-op threads to ``intra_threads`` (process-wide, see
+        ``set_intra_threads``)."""
+        assert workers >= 1 and intra_threads >= 1
+        set_intra_threads(intra_threads)
         self._fn, self.workers, self.intra_threads = fn, workers, intra_threads
         self._on_start = on_start
         self._lock = threading.Lock()
@@ -91,7 +103,8 @@ class WorkerPool:
                 self._idle -= 1
             t0 = time.perf_counter()
             try:
-                res, err = self._fn(w, task), None
+                with trace.span("task", index=task.index, seqs=len(task.seqs)):
+                    res, err = self._fn(w, task), None
             except BaseException as e:  # reaches the main thread through run()
                 res, err = None, e
             t1 = time.perf_counter()
@@ -125,6 +138,8 @@ class WorkerPool:
             t1 = time.perf_counter()
             results, error = self._results, self._error
             timing = BatchTiming(t1 - t0, list(self._busy), [t1 - e for e in self._last_end])
+        for w, th in enumerate(self._threads):  # each worker's wait for the slowest one
+            trace.complete("barrier wait", self._last_end[w], t1, th)
         if error is not None:
             w, task, e = error
             raise TaskError(f"worker {w} failed on task {task.index} (sequences "
@@ -146,22 +161,153 @@ class WorkerPool:
         self.close()
 
 
-def split_tasks(seqs: Sequence[int], lengths: np.ndarray, n_tasks: int) -> list[tuple[int, ...]]:
-    """Cut a batch into at most ``n_tasks`` micro-batches of neighbouring lengths whose
-    padded cost (n × longest) is about equal. Deterministic in its inputs."""
+@dataclass(frozen=True)
+class CostModel:
+    """Predicted cost of a task of N sequences padded to T_max frames: a·N·T_max + b·N + c.
+
+    Units are "padded frames" (a = 1): b is the per-sequence cost (CTC, best-path decode,
+    collate) and c the per-task cost (Python and dispatch overhead, mostly under the GIL),
+    both in frame equivalents. The constants are fixed, never timed at run time: task
+    boundaries decide the order of the gradient sum, so they must depend on lengths alone
+    for a run to be reproducible. ``fit`` recovers them from measured task times
+    (bench/threads.py prints the fit for the default and the reference model).
+    """
+    a: float = 1.0
+    b: float = 0.0
+    c: float = 0.0
+
+    def __call__(self, n, t_max):
+        return self.a * n * t_max + self.b * n + self.c
+
+    @classmethod
+    def fit(cls, n, t_max, seconds) -> "CostModel":
+        """Least squares of seconds ≈ a·N·T + b·N + c over measured tasks, rescaled so that
+        a = 1; negative coefficients (noise) are clipped to 0."""
+        n, t_max, y = (np.asarray(v, dtype=float) for v in (n, t_max, seconds))
+        design = np.stack([n * t_max, n, np.ones_like(n)], axis=1)
+        (a, b, c), *_ = np.linalg.lstsq(design, y, rcond=None)
+        assert a > 0, "task time does not grow with padded frames: measurement broken"
+        return cls(1.0, max(b / a, 0.0), max(c / a, 0.0))
+
+    @classmethod
+    def for_model(cls, flops_per_frame: float, params: int) -> "CostModel":
+        """Per-sequence and per-task overheads converted to frame equivalents of a model.
+
+        Seconds measured on this project's CPU path (bench/threads.py): ~100 µs
+        per sequence (CTC, best-path decode) and ~1 ms + 20 ns per parameter per task (the
+        oneDNN LSTM backward costs ~12 ms per 256-unit layer and direction even for one
+        frame of one sequence), divided by the time of one padded frame at ~50 GFLOP/s per
+        core. A rough guess is enough: it moves task boundaries, never what a task
+        computes; it makes a large model prefer fewer, larger tasks.
+        """
+        frame_s = max(flops_per_frame, 1.0) / 50e9
+        return cls(1.0, 100e-6 / frame_s, (1e-3 + 20e-9 * params) / frame_s)
+
+
+def split_tasks(seqs: Sequence[int], lengths: np.ndarray, n_tasks: int,
+                cost: CostModel = CostModel(), workers: int | None = None
+                ) -> list[tuple[int, ...]]:
+    """Cut a batch into at most ``n_tasks`` micro-batches of neighbouring lengths and
+    about equal predicted cost (``cost``), for ``workers`` workers (default: n_tasks).
+
+    For each task count k ≤ n_tasks, the longest-first order is cut into k contiguous
+    groups minimising the costliest one (exact for this order: bisection on the
+    bottleneck with a greedy fill); the k whose groups finish first when dealt to the
+    workers in queue order wins, ties going to fewer tasks. So a task is only created when
+    it shortens the predicted batch time: tiny batches become one or two tasks, because
+    each task pays the per-task cost ``c``. Tasks come out costliest first (a good queue
+    order) and depend on the lengths alone.
+    """
     if not len(seqs):
         return []
     order = sorted(seqs, key=lambda s: (-int(lengths[s]), s))  # longest first
+    lens = [int(lengths[s]) for s in order]
     n_tasks = max(1, min(n_tasks, len(order)))
-    total = sum(int(lengths[s]) for s in order)
-    target = total / n_tasks
-    out, cur, cost = [], [], 0
-    for s in order:
-        # padded cost if s joins: (len(cur)+1) × longest in cur
-        longest = int(lengths[cur[0]]) if cur else int(lengths[s])
-        if cur and (len(cur) + 1) * longest > target * 1.05 and len(out) < n_tasks - 1:
-            out.append(tuple(cur))
-            cur, cost = [], 0
-        cur.append(s)
-    out.append(tuple(cur))
-    return out
+    workers = workers or n_tasks
+    best, best_time = None, math.inf
+    for k in range(1, n_tasks + 1):
+        cuts = _min_max_cuts(lens, k, cost)
+        bounds = [0, *cuts]
+        costs = [cost(bounds[i + 1] - bounds[i], lens[bounds[i]]) for i in range(len(cuts))]
+        t = _list_schedule(costs, workers)
+        if t < best_time * (1 - 1e-9):
+            best, best_time = cuts, t
+    groups, start = [], 0
+    for end in best:
+        groups.append(tuple(order[start:end]))
+        start = end
+    return groups
+
+
+def _min_max_cuts(lens: list[int], k: int, cost: CostModel) -> list[int]:
+    """End indices of ≤ k contiguous groups of ``lens`` (descending) whose costliest group
+    is as cheap as possible (to a relative 1e-4)."""
+    def fill(limit: float) -> list[int] | None:
+        cuts, start = [], 0
+        for i in range(1, len(lens) + 1):
+            if i == len(lens) or cost(i + 1 - start, lens[start]) > limit:
+                cuts.append(i)
+                start = i
+                if len(cuts) > k:
+                    return None
+        return cuts
+
+    lo = max(cost(1, n) for n in lens)     # no group is cheaper than its longest sequence
+    hi = cost(len(lens), lens[0])          # one group
+    cuts = fill(hi)
+    while hi - lo > 1e-4 * hi:
+        mid = 0.5 * (lo + hi)
+        c = fill(mid)
+        if c is None:
+            lo = mid
+        else:
+            hi, cuts = mid, c
+    return cuts
+
+
+def _list_schedule(costs: list[float], workers: int) -> float:
+    """Finish time of tasks taken in order by the first free of ``workers`` workers."""
+    free = [0.0] * workers
+    for c in costs:
+        w = free.index(min(free))
+        free[w] += c
+    return max(free)
+
+
+def default_threads(threads: int, intra_threads: int, ranks_per_node: int = 1) -> tuple[int, int]:
+    """(workers, intra-op threads per worker) for this process.
+
+    ``threads = 0`` fills this rank's share of the usable cores (CPU affinity, so taskset
+    and container limits count) with workers of ``intra_threads`` each.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cores = os.cpu_count() or 1
+    cores = max(1, cores // max(ranks_per_node, 1))
+    return (threads or max(1, cores // intra_threads)), intra_threads
+
+
+def set_intra_threads(n: int):
+    """Set torch's intra-op thread count, once, from the main thread.
+
+    Measured with this torch (OpenMP + MKL backends): ``torch.set_num_threads`` is
+    process-wide, not per thread: a call on any thread changes the count every thread
+    uses from its next parallel region on (a worker that set 1 spins 2 OpenMP threads once
+    the main thread sets 2). So the pool's workers do not set it themselves; the count is
+    set once here, and the main thread's reduce and optimizer step use it too.
+    """
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
+@contextmanager
+def intra_threads(n: int):
+    """Temporarily use ``n`` intra-op threads on every thread (e.g. the whole machine for
+    validation, which runs on the main thread while the workers sleep)."""
+    old = torch.get_num_threads()
+    set_intra_threads(n)
+    try:
+        yield
+    finally:
+        set_intra_threads(old)

@@ -8,79 +8,117 @@ are views into it, so the optimizer reads the reduced gradient without a copy.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
+import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
 from .decode import edit_ops
-from .model import ctc_loss_sum
-from .plan import rng_for
-from .scheduler import Task
+from .device import Fence, LossScaler, autocast_dtype, to_device
+from .model import ctc_loss_sum, training_flops_per_frame
+from .plan import bucket_length, rng_for
+from .scheduler import CostModel, Task
 
-# loss sum, sequences, frames, label errors, reference labels: carried at the end of the
-# gradient message so one collective reduces both
+# loss sum, sequences, frames, label errors, reference labels: carried at the end of every
+# task buffer and of the gradient message, so the reduce and one collective sum both, and
+# they stay on the device until read at a log interval
 N_STATS = 5
+STAT_NAMES = ("loss", "seqs", "frames", "errors", "ref_labels")
 
 
-def collate(frames: list[np.ndarray], pin: bool = False):
-    """N arrays (T_i, F) → zero-padded (T, N, F) float32 tensor and lengths (N,) int64."""
+def collate(frames: list[np.ndarray], pin: bool = False, pad_to: int = 0):
+    """N arrays (T_i, F) → zero-padded (T, N, F) float32 tensor and lengths (N,) int64.
+
+    T = max(T_i, pad_to) (``pad_to``: the bucket length, see ``plan.bucket_length``);
+    ``pin`` builds it in page-locked memory so the copy to a GPU need not block the host.
+    """
     lengths = torch.tensor([len(f) for f in frames], dtype=torch.long)
-    t, n, f = int(lengths.max()), len(frames), frames[0].shape[1]
-    x = torch.zeros(t, n, f, dtype=torch.float32, pin_memory=pin)
-    for i, a in enumerate(frames):
-        x[: len(a), i] = torch.from_numpy(a)
-    return x, lengths
-
-
-@dataclass
-class TaskStats:
-    loss: float
-    seqs: int
-    frames: int
-    errors: int = 0       # best-path label errors (training LER, as RNNLIB prints it)
-    ref_labels: int = 0
+    # one C call (the worker holds the GIL while collating: keep it short)
+    x = pad_sequence([torch.from_numpy(a) for a in frames])
+    if pad_to > x.shape[0]:
+        x = F.pad(x, (0, 0, 0, 0, 0, pad_to - x.shape[0]))
+    return (x.pin_memory() if pin else x), lengths
 
 
 class TaskComputer:
-    """The worker function: forward, CTC and backward of one task into a flat buffer."""
+    """The worker function: forward, CTC and backward of one task into a flat buffer.
+
+    Task ``k`` writes only ``buffers[k]``: [gradient | loss, seqs, frames, errors, refs].
+    Nothing in ``__call__`` reads a device value on the host unless ``want_errors`` is set
+    (the training label errors need the best path on the host): on a GPU the train loop
+    sets it on logging steps only, on CPU on every step (free there).
+    """
 
     def __init__(self, model, device: torch.device, input_noise: float = 0.0,
-                 precision: str = "fp32"):
+                 precision: str = "fp32", round_lengths: int = 0):
         self.model, self.device, self.noise = model, device, input_noise
         self.params = [p for p in model.parameters()]
         self.numel = sum(p.numel() for p in self.params)
         self.buffers: list[torch.Tensor] = []
-        self.precision = precision
+        self.precision, self.round_lengths = precision, round_lengths
+        self.dtype = autocast_dtype(precision, device)
+        self.scaler = LossScaler(device, enabled=precision == "fp16")
         self.key = (0, 0, 0)  # (seed, epoch, step): set by the main thread before run()
+        self.want_errors = True
+        self.ready = Fence(device)
 
     def ensure_buffers(self, n: int):
         while len(self.buffers) < n:
-            self.buffers.append(torch.zeros(self.numel, device=self.device))
+            self.buffers.append(torch.zeros(self.numel + N_STATS, device=self.device))
 
-    def __call__(self, worker: int, task: Task) -> TaskStats:
+    def begin_step(self):
+        """Main thread, before ``pool.run``: the workers' streams wait for everything queued
+        so far (the previous update, the previous reduce of the task buffers)."""
+        self.ready = Fence(self.device).mark()
+
+    def __call__(self, worker: int, task: Task) -> Fence:
+        """Returns a fence marked after this task's last kernel (wait on it to read the
+        task buffer from another stream)."""
         frames, targets = task.payload
-        pin = self.device.type == "cuda"
-        x, lengths = collate(frames, pin=pin)
+        # longest first: the LSTM packs without a device-side permutation (no index copy)
+        order = sorted(range(len(frames)), key=lambda j: -len(frames[j]))
+        frames, targets = [frames[j] for j in order], [targets[j] for j in order]
+        cuda = self.device.type == "cuda"
+        pad_to = bucket_length(max(len(f) for f in frames), self.round_lengths)
+        x, lengths = collate(frames, pin=cuda, pad_to=pad_to)
         gen = torch.Generator().manual_seed(int(rng_for(*self.key, task.index).integers(2**62)))
         if self.noise:
-            x += torch.randn(x.shape, generator=gen) * self.noise
-            for i, n in enumerate(lengths.tolist()):  # padding stays zero
-                x[n:, i] = 0
-        x = x.to(self.device, non_blocking=True)
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
-        with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
+            pad = torch.arange(x.shape[0]).unsqueeze(1) >= lengths.unsqueeze(0)  # (T, N)
+            x += torch.randn(x.shape, generator=gen).mul_(self.noise).masked_fill_(
+                pad.unsqueeze(-1), 0.0)  # padding stays zero
+        self.ready.wait()
+        x = to_device(x, self.device)
+        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
             log_probs, out_len = self.model(x, lengths, gen)
         loss = ctc_loss_sum(log_probs, out_len, targets, self.model.blank)
-        grads = torch.autograd.grad(loss, self.params)
-        torch.cat([g.reshape(-1) for g in grads], out=self.buffers[task.index])
-        best = log_probs.detach().argmax(-1).cpu().numpy()  # (T', N)
+        scaled = loss * self.scaler.scale if self.scaler.enabled else loss
+        grads = torch.autograd.grad(scaled, self.params)
+        buf = self.buffers[task.index]
+        torch.cat([g.reshape(-1) for g in grads], out=buf[: self.numel])
+        tail = buf[self.numel:]
+        tail[0].copy_(loss.detach())
+        tail[1].fill_(len(frames))
+        tail[2].fill_(int(lengths.sum()))
         errors = ref = 0
-        for j, t in enumerate(targets):
-            hyp = best_path_ids(best[: int(out_len[j]), j], self.model.blank)
-            errors += sum(edit_ops(t.tolist(), hyp))
-            ref += len(t)
-        return TaskStats(float(loss.detach()), len(frames), int(lengths.sum()), errors, ref)
+        if self.want_errors:  # a host read of the best path: see the class docstring
+            best = log_probs.detach().argmax(-1).cpu().numpy()  # (T', N)
+            for j, t in enumerate(targets):
+                hyp = best_path_ids(best[: int(out_len[j]), j], self.model.blank)
+                errors += sum(edit_ops(t.tolist(), hyp))
+                ref += len(t)
+        tail[3].fill_(errors)
+        tail[4].fill_(ref)
+        return Fence(self.device).mark()
+
+
+def cost_model_for(model) -> CostModel:
+    """The task cost model (``scheduler.CostModel``) for a CTCModel: per-task and
+    per-sequence overheads in frame equivalents of this model's per-input-frame work."""
+    rnn = model.rnns[0]
+    dirs = 2 if rnn.bidirectional else 1
+    flops = training_flops_per_frame(model.input_size * model.subsample, rnn.hidden_size,
+                                     len(model.rnns), dirs == 2, model.num_classes)
+    return CostModel.for_model(flops / model.subsample, sum(p.numel() for p in model.parameters()))
 
 
 def best_path_ids(path: np.ndarray, blank: int) -> list[int]:
@@ -91,8 +129,9 @@ def best_path_ids(path: np.ndarray, blank: int) -> list[int]:
 
 
 class FlatGrad:
-    """One contiguous buffer [gradient | loss, seqs, frames]; ``.grad`` of every parameter
-    is a view into it. The buffer lives on the CPU when it has to cross MPI."""
+    """One contiguous buffer [gradient | loss, seqs, frames, errors, refs]; ``.grad`` of
+    every parameter is a view into it. It lives on the model's device; the figures at its
+    end stay there too (``stats_tensor``) until the loop reads them."""
 
     def __init__(self, params: list[torch.nn.Parameter], device: torch.device):
         self.params = params
@@ -104,29 +143,44 @@ class FlatGrad:
             p.grad = self.grad[off: off + p.numel()].view_as(p)
             off += p.numel()
 
-    def reduce_tasks(self, buffers: list[torch.Tensor], stats: list[TaskStats]):
-        """Sum the task gradients in task order (deterministic) and set the stats."""
-        self.grad.zero_()
-        for b in buffers:
-            self.grad.add_(b)
-        self.buf[self.numel:] = torch.tensor(
-            [sum(getattr(s, k) for s in stats) for k in ("loss", "seqs", "frames", "errors",
-                                                         "ref_labels")], dtype=torch.float32)
+    def reduce_tasks(self, buffers: list[torch.Tensor], fences: list | None = None):
+        """Sum the task buffers (gradients and figures) in task order: deterministic."""
+        for f in fences or ():
+            f.wait()
+        if buffers:
+            self.buf.copy_(buffers[0])      # one pass less than zero_ + add_
+            for b in buffers[1:]:
+                self.buf.add_(b)
+        else:
+            self.buf.zero_()
+
+    @property
+    def stats_tensor(self) -> torch.Tensor:
+        """(5,) on the device: loss sum, sequences, frames, label errors, reference labels."""
+        return self.buf[self.numel:]
 
     @property
     def stats(self) -> tuple[float, int, int, int, int]:
-        """(loss sum, sequences, frames, label errors, reference labels) of the step."""
-        loss, *counts = self.buf[self.numel:].tolist()
+        """The same figures read on the host (a synchronisation on a GPU)."""
+        loss, *counts = self.stats_tensor.tolist()
         return (loss, *(int(round(c)) for c in counts))
 
-    def normalize_and_clip(self, normalize: str, clip_norm: float) -> tuple[float, bool]:
-        """Divide by global sequences/frames (or not: "sum"), clip; → (grad norm, finite)."""
-        _, seqs, frames, _, _ = self.stats
-        denom = {"sum": 1, "sequences": max(seqs, 1), "frames": max(frames, 1)}[normalize]
-        if denom != 1:
+    def normalize_and_clip(self, normalize: str, clip_norm: float,
+                           loss_scale: torch.Tensor | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Divide by global sequences/frames (or not: "sum") and by the fp16 loss scale,
+        clip to ``clip_norm``; → (grad norm, finite) as 0-dim device tensors, no host read.
+        """
+        tail = self.stats_tensor
+        denom = {"sum": None, "sequences": tail[1], "frames": tail[2]}[normalize]
+        if denom is not None:
+            denom = denom.clamp(min=1.0)
+        if loss_scale is not None:
+            denom = loss_scale if denom is None else denom * loss_scale
+        if denom is not None:
             self.grad.div_(denom)
-        norm = float(torch.linalg.vector_norm(self.grad))
-        finite = bool(np.isfinite(norm)) and bool(np.isfinite(self.stats[0]))
-        if finite and clip_norm and norm > clip_norm:
-            self.grad.mul_(clip_norm / (norm + 1e-6))
+        norm = torch.linalg.vector_norm(self.grad)
+        finite = torch.isfinite(norm) & torch.isfinite(tail[0])
+        if clip_norm:  # factor min(1, clip / norm): a multiply by exactly 1 below the limit
+            self.grad.mul_((clip_norm / (norm + 1e-6)).clamp(max=1.0))
         return norm, finite

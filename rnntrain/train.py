@@ -9,9 +9,7 @@ uninterrupted one exactly.
 from __future__ import annotations
 
 import math
-import os
-import signal
-import threading
+import sys
 import time
 from pathlib import Path
 
@@ -21,49 +19,23 @@ from tqdm import tqdm
 
 from . import checkpoint as ckpt
 from . import dist
+from . import trace
 from .config import Config, to_dict, to_toml
 from .dataset import Dataset, check_compatible
+from .device import autocast_dtype, host_every, pick_device, worker_start
 from .errors import UserError
 from .evaluate import evaluate
+from .exchange import Exchange
+from .faults import BadSteps, StopFlag, pause_point, resume_hint
+from .manifest import remainder_note
 from .model import build_model, count_params, init_uniform
 from .optim import build_optimizer, lr_factor, set_lr
 from .plan import chunk_order, make_plan, padding_ratio
+from .report import per_rank_split
 from .reader import ChunkReader
 from .runlog import RunLog, default_run_dir
-from .scheduler import Task, WorkerPool, split_tasks
-from .step import FlatGrad, TaskComputer
-
-
-def pick_device(name: str, local_rank: int = 0) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise UserError(f"train.device = {name!r} but CUDA is not available here")
-        idx = int(name[5:]) if ":" in name else local_rank % torch.cuda.device_count()
-        torch.cuda.set_device(idx)
-        return torch.device("cuda", idx)
-    return torch.device("cpu")
-
-
-class StopFlag:
-    """SIGINT/SIGTERM ask the loop to stop at the next step boundary (with a checkpoint)."""
-
-    def __init__(self):
-        self.signal = None
-        self._old = {}
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
-                self._old[s] = signal.signal(s, self._handle)
-
-    def _handle(self, signum, _frame):
-        if self.signal is not None:  # a second Ctrl-C: stop now
-            raise KeyboardInterrupt
-        self.signal = signal.Signals(signum).name
-
-    def restore(self):
-        for s, h in self._old.items():
-            signal.signal(s, h)
+from .scheduler import Task, WorkerPool, default_threads, intra_threads, split_tasks
+from .step import FlatGrad, TaskComputer, cost_model_for
 
 
 def describe_skipped(ds: Dataset, keep: np.ndarray, what: str) -> str:
@@ -75,10 +47,13 @@ def describe_skipped(ds: Dataset, keep: np.ndarray, what: str) -> str:
 
 def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str | None = None):
     comm = dist.init(cfg.dist)
+    trace.attach(comm)  # aligns the ranks' clocks when --trace is on
     tc, rank = cfg.train, comm.rank
     device = pick_device(tc.device, comm.local_rank)
-    cores = max(1, (os.cpu_count() or 1) // max(comm.local_size, 1))
-    workers = tc.threads or max(1, cores // tc.intra_threads)
+    autocast_dtype(tc.precision, device)  # fail now, not after reading data (fp16 needs CUDA)
+    # one worker feeds a GPU (its own stream); on CPU the rank's share of the cores
+    workers = (tc.threads or 1) if device.type == "cuda" else \
+        default_threads(tc.threads, tc.intra_threads, comm.local_size)[0]
 
     # ---- data: metadata now, frames later on the reader thread
     train_ds = Dataset.open(cfg.data.train, cfg.data.chunk_frames)
@@ -92,10 +67,16 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     resolved = to_toml(cfg)
     run_dir = Path(cfg.run.dir) if cfg.run.dir else default_run_dir(config_path, list(overrides),
                                                                      resolved)
+    if not resume and (why := comm.bcast_obj(ckpt.existing_run(run_dir) if rank == 0 else None)):
+        raise UserError(why)  # never overwrite (and prune) another run's checkpoints
     log = RunLog(run_dir if rank == 0 else None)
     log.write_text("config.toml", resolved)
+    if comm.size > 1:
+        log.info(comm.roster())
     if not keep.all():
         log.info(describe_skipped(train_ds, keep, "train"))
+    if val_keep is not None and not val_keep.all():
+        log.info(describe_skipped(val_ds, val_keep, "val"))
     if keep.sum() == 0:
         raise UserError(f"{cfg.data.train}: no sequence is long enough for its target")
 
@@ -106,92 +87,108 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
         init_uniform(model, 0.1)
     model.to(device).train()
     params = list(model.parameters())
-    opt = build_optimizer(cfg.optim, params)
+    opt = build_optimizer(cfg.optim, params, fused=device.type == "cuda")
     flat = FlatGrad(params, device)
+    exch = Exchange(comm, cfg.dist, flat, params)
     state = {"epoch": 0, "pos": 0, "step": 0, "best_ler": math.inf, "since_best": 0}
-    if resume:
-        ck = resume_checkpoint(resume, run_dir, train_ds, cfg)
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optim"])
-        state.update(ck["state"])
-        log.info(f"resumed from {ck['path']} at epoch {state['epoch']} step {state['step']}")
-    sync_parameters(comm, params)
+    if resume:  # rank 0 reads it; the other ranks receive it in sync_start
+        ck = resume_checkpoint(comm, resume, run_dir, train_ds, model, opt, cfg)
+        if ck is not None:
+            state.update(ck["state"])
+            log.info(f"resumed from {ck['path']} at epoch {state['epoch'] + 1} "
+                     f"step {state['step']}")
+    state = exch.sync_start(model, opt, state)  # rank 0's weights/optimizer, checksummed
+    bad = BadSteps(state, tc.max_bad_steps, device)
 
-    plan0 = make_plan(train_ds, keep, tc.batch_frames, tc.seed, 0, rank, comm.size)
+    plan0 = make_plan(train_ds, keep, tc.batch_frames, tc.seed, 0, rank, comm.size,
+                      round_lengths=tc.round_lengths)
     comm.check_same(len(plan0), "steps per epoch")
+    if note := remainder_note(train_ds, keep, comm.size):
+        log.info(note)
     total_steps = len(plan0) * tc.epochs
     log.info(f"rnntrain: {count_params(model):,} parameters, {train_ds.num_seqs} train sequences "
              f"({int(train_ds.lengths[keep].sum()):,} frames), {len(plan0)} steps/epoch, "
              f"{comm.size} rank(s) x {workers} worker(s) x {tc.intra_threads} thread(s) on "
              f"{device}, run folder {run_dir}")
 
-    computer = TaskComputer(model, device, tc.input_noise, tc.precision)
+    computer = TaskComputer(model, device, tc.input_noise, tc.precision, tc.round_lengths)
     pool = WorkerPool(computer, workers, tc.intra_threads,
-                      on_start=lambda w: torch.set_num_threads(tc.intra_threads))
+                      on_start=lambda w: worker_start(device))
+    task_cost = cost_model_for(model)
     stop = StopFlag()
-    last_ckpt_time, bad_steps = time.monotonic(), 0
+    last_ckpt_time, bar, reader = time.monotonic(), None, None
+    every = host_every(device, tc.log_every)
+    log.set_status("running")
     try:
         for epoch in range(state["epoch"], tc.epochs):
-            plan = make_plan(train_ds, keep, tc.batch_frames, tc.seed, epoch, rank, comm.size)
+            plan = make_plan(train_ds, keep, tc.batch_frames, tc.seed, epoch, rank, comm.size,
+                             round_lengths=tc.round_lengths)
             start = state["pos"]
             reader = ChunkReader(train_ds.load_chunk, chunk_order(plan[start:]))
             bar = tqdm(total=len(plan), initial=start, desc=f"epoch {epoch + 1}/{tc.epochs}",
                        unit="step", disable=rank != 0, dynamic_ncols=True, mininterval=1.0)
-            acc, chunk, payload = Window(), None, None
+            acc, chunk, payload = Window(device), None, None
             for i in range(start, len(plan)):
                 step = plan[i]
+                trace.begin_step(state["step"])
                 t0 = time.perf_counter()
                 if step.chunk != chunk:
                     chunk, payload = reader.next()
                     assert chunk == step.chunk, "reader out of plan order"
                 t1 = time.perf_counter()
                 # split the batch into micro-batches of similar length for the workers
-                groups = split_tasks(step.seqs, train_ds.lengths, workers * tc.tasks_per_worker)
+                groups = split_tasks(step.seqs, train_ds.lengths, workers * tc.tasks_per_worker,
+                                     task_cost, workers)
                 tasks = [Task(j, g, ([payload[s] for s in g], [train_ds.targets[s] for s in g]))
                          for j, g in enumerate(groups)]
                 computer.ensure_buffers(len(tasks))
                 computer.key = (tc.seed, epoch, i)
+                log_now = (state["step"] + 1) % tc.log_every == 0 or i == len(plan) - 1
+                computer.want_errors = every == 1 or log_now  # GPU: LER on logging steps
+                computer.begin_step()
                 results, timing = pool.run(tasks)  # returns at the barrier
                 t2 = time.perf_counter()
                 flat.reduce_tasks(computer.buffers[: len(tasks)], results)
                 t3 = time.perf_counter()
-                allreduce(comm, flat)  # gradients and counts in one collective
+                exch.reduce(state["step"] + 1, t2 - t1)  # gradients and counts: one collective
                 t4 = time.perf_counter()
-                norm, finite = flat.normalize_and_clip(cfg.optim.normalize, cfg.optim.clip_norm)
-                if finite:
-                    set_lr(opt, cfg.optim.lr * lr_factor(cfg.optim, state["step"], len(plan),
-                                                         total_steps))
-                    opt.step()
-                    bad_steps = 0
-                else:
-                    bad_steps += 1
-                    log.info(f"step {state['step']}: loss or gradient is NaN/Inf; update skipped")
-                    if bad_steps >= tc.max_bad_steps:
-                        raise UserError(f"{bad_steps} steps in a row with NaN/Inf loss or "
-                                        f"gradient (last batch: sequences "
-                                        f"{', '.join(train_ds.tag(s) for s in step.seqs[:8])})")
+                scaler = computer.scaler  # fp16 only; device-side, no host reads below
+                norm, finite = flat.normalize_and_clip(cfg.optim.normalize, cfg.optim.clip_norm,
+                                                       scaler.scale if scaler.enabled else None)
+                set_lr(opt, cfg.optim.lr * lr_factor(cfg.optim, state["step"], len(plan),
+                                                     total_steps))
+                exch.step(opt, finite)  # skipped on NaN/Inf; master mode: rank 0 only
+                bad.add(finite | scaler.update(finite, flat.stats_tensor[0]))
+                if (state["step"] + 1) % every == 0 or i == len(plan) - 1:
+                    bad.check(state["step"] + 1, [train_ds.tag(s) for s in step.seqs], log)
+                exch.publish(state["step"] + 1)  # master mode: rank 0's weights to all
                 t5 = time.perf_counter()
+                trace.phases(state["step"], (t0, t1, t2, t3, t4, t5), seqs=len(step.seqs))
                 state["step"] += 1
                 state["pos"] = i + 1
-                acc.add(flat.stats, norm, timing, [t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4],
+                acc.add(flat.stats_tensor, norm, timing, [t1 - t0, t2 - t1, t3 - t2, t4 - t3,
+                                                          t5 - t4],
                         padding_ratio([step], train_ds.lengths))
                 bar.update(1)
-                if state["step"] % tc.log_every == 0 or i == len(plan) - 1:
-                    rec = acc.flush()
+                if log_now:  # collectives: every rank logs at the same steps
+                    rec = per_rank_split(comm, {**acc.flush(), **exch.window()})
                     bar.set_postfix(loss=f"{rec['loss']:.3f}", ler=f"{rec['ler']:.3f}",
                                     fps=f"{rec['frames_per_s']:.0f}")
                     log.metrics(split="train", epoch=epoch, step=state["step"],
                                 lr=opt.param_groups[0]["lr"], **rec)
                 due = (cfg.checkpoint.every_steps and state["step"] % cfg.checkpoint.every_steps == 0) \
                     or time.monotonic() - last_ckpt_time > 60 * cfg.checkpoint.every_minutes
-                if due or stop.signal:
+                pause_point("step", state["step"])
+                stopping = stop.should_stop(comm)
+                if due or stopping:
+                    bad.check(state["step"], [train_ds.tag(s) for s in step.seqs], log)
                     save(log, cfg, model, opt, state, train_ds, f"step-{state['step']:08d}.pt")
                     last_ckpt_time = time.monotonic()
-                if stop.signal:
+                if stopping:
                     bar.close()
                     reader.close()
-                    log.info(f"stopped by {stop.signal} after step {state['step']}; resume with: "
-                             f"rnntrain train {config_path or 'CONFIG'} run.dir={run_dir} --resume")
+                    log.info(f"stopped by {stop.signal} after step {state['step']}; checkpoint "
+                             f"saved; resume with: {resume_hint(config_path, overrides, run_dir)}")
                     return run_dir
             bar.close()
             reader.close()
@@ -202,15 +199,18 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
             # ---- validation, best and last checkpoints, early stopping
             improved = True
             if val_ds is not None and (epoch + 1) % tc.val_every_epochs == 0:
-                c = evaluate(model, val_ds, val_keep, tc.batch_frames, device, comm)["best"]
+                with intra_threads(workers * tc.intra_threads):  # the workers sleep meanwhile
+                    c = evaluate(model, val_ds, val_keep, tc.batch_frames, device, comm)["best"]
                 summ = c.summary()
                 log.metrics(split="val", epoch=epoch, step=state["step"], **summ)
                 log.info(f"epoch {epoch + 1} val: LER {summ['ler']:.4f} (sub {summ['sub']:.4f} "
                          f"del {summ['del']:.4f} ins {summ['ins']:.4f}), seq error "
                          f"{summ['seq_error']:.4f}, loss {summ['loss']:.3f}")
-                improved = summ["ler"] < state["best_ler"]
+                # ties in LER (common on small validation sets that reach 0) go to lower loss
+                key = (summ["ler"], summ["loss"])
+                improved = key < (state["best_ler"], state.get("best_loss", math.inf))
                 if improved:
-                    state["best_ler"], state["since_best"] = summ["ler"], 0
+                    state["best_ler"], state["best_loss"], state["since_best"] = *key, 0
                 else:
                     state["since_best"] += 1
             save(log, cfg, model, opt, state, train_ds, "last.pt")
@@ -223,96 +223,73 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
             log.info(f"training done; evaluate the test set with: rnntrain eval "
                      f"{run_dir}/checkpoints/best.pt {cfg.data.test}")
         return run_dir
-    finally:
+    finally:  # on an error too: the bar must not redraw after the error message
+        for obj in (bar, reader):
+            if obj is not None:
+                obj.close()
         stop.restore()
         pool.close()
+        trace.finish(comm, failed=sys.exc_info()[0] is not None)
+        log.finish(sys.exc_info()[1], stop.signal, state)
         log.close()
 
 
 class Window:
     """Training figures accumulated between two metric lines."""
 
-    def __init__(self):
-        self.t0 = time.perf_counter()
+    def __init__(self, device: torch.device):
+        self.t0, self.device = time.perf_counter(), device
         self.n = 0
-        self.sums = np.zeros(5)
+        # summed on the device (fp64: exact counts), read once per metric line
+        self.sums = torch.zeros(5, dtype=torch.float64, device=device)
+        self.norm = torch.zeros((), dtype=torch.float64, device=device)
         self.split = np.zeros(5)    # data wait, compute, reduce, comm, update
-        self.barrier = self.norm = self.pad = 0.0
+        self.barrier = self.pad = 0.0
+        self.busy = self.idle = 0.0  # per-worker compute and barrier wait, summed (s)
 
     def add(self, stats, norm, timing, split, pad):
         self.n += 1
         self.sums += stats
         self.split += split
         self.barrier += timing.barrier_share
-        self.norm += norm if np.isfinite(norm) else 0.0
+        self.busy = self.busy + np.asarray(timing.busy_s)
+        self.idle = self.idle + np.asarray(timing.idle_s)
+        self.norm += torch.where(torch.isfinite(norm), norm, torch.zeros_like(norm))
         self.pad += pad
 
     def flush(self) -> dict:
+        *sums, norm = torch.cat([self.sums, self.norm.reshape(1)]).tolist()  # waits for the GPU
         dt = time.perf_counter() - self.t0
-        loss, seqs, frames, errors, ref = self.sums
+        loss, seqs, frames, errors, ref = sums
         n = max(self.n, 1)
         rec = {"loss": loss / max(seqs, 1), "ler": errors / max(ref, 1),
-               "frames_per_s": frames / dt, "seqs": int(seqs), "grad_norm": self.norm / n,
+               "frames_per_s": frames / dt, "seqs": int(seqs), "grad_norm": norm / n,
                "padding": self.pad / n, "barrier_idle": self.barrier / n,
+               "worker_compute_s": [round(float(b) / n, 6) for b in np.atleast_1d(self.busy)],
+               "barrier_wait_s": float(np.mean(self.idle)) / n,
                **{k: v / n for k, v in zip(("data_wait_s", "compute_s", "reduce_s", "comm_s",
                                             "update_s"), self.split)}}
-        self.__init__()
+        self.__init__(self.device)
         return rec
 
 
-def allreduce(comm, flat: FlatGrad):
-    if comm.size == 1:
-        return
-    if flat.buf.device.type == "cpu":
-        comm.allreduce_(flat.buf.numpy())
-    else:  # through host memory unless the MPI is CUDA-aware
-        host = flat.buf.cpu().numpy()
-        flat.buf.copy_(torch.from_numpy(comm.allreduce_(host)))
-
-
-def sync_parameters(comm, params):
-    """Rank 0's weights everywhere, then check that every rank holds the same bytes."""
-    if comm.size == 1:
-        return
-    vec = torch.nn.utils.parameters_to_vector(params).detach().cpu().contiguous()
-    comm.bcast_(vec.numpy(), root=0)
-    torch.nn.utils.vector_to_parameters(vec.to(params[0].device), params)
-    comm.check_same(float(vec.double().sum()), "parameter checksum after broadcast")
-
-
 def save(log: RunLog, cfg, model, opt, state, ds, name: str):
-    if log.checkpoints is None:
-        return
-    ckpt.save_atomic({"format": ckpt.FORMAT_VERSION, "model": model.state_dict(),
-                      "optim": opt.state_dict(), "state": dict(state), "config": to_dict(cfg),
-                      "labels": list(ds.labels), "input_size": ds.input_size},
-                     log.checkpoints / name)
-    if name.startswith("step-"):
-        ckpt.prune(log.checkpoints, cfg.checkpoint.keep_last)
+    ckpt.save_training(log.checkpoints, name, cfg, model, opt, state, ds,
+                       cfg.checkpoint.keep_last)
 
 
-def resume_checkpoint(resume: str, run_dir: Path, ds: Dataset, cfg) -> dict:
-    """``--resume auto`` (newest in the run folder) or a path; falls back to older ones."""
-    folder = run_dir / "checkpoints"
-    if resume == "auto":
-        cands = ckpt.step_checkpoints(folder)[::-1] + [folder / "last.pt"]
-        cands = [c for c in cands if c.exists()]
-        cands.sort(key=lambda p: -p.stat().st_mtime)
-        if not cands:
-            raise UserError(f"--resume auto: no checkpoint in {folder}")
-    else:
-        cands = [Path(resume)]
-    for i, path in enumerate(cands):
+def resume_checkpoint(comm, resume: str, run_dir: Path, ds: Dataset, model, opt, cfg):
+    """Rank 0 picks and loads the checkpoint (falling back past unusable ones) and returns
+    it; the other ranks return None and receive it in ``Exchange.sync_start``. An error is
+    raised on every rank."""
+    ck, err = None, None
+    if comm.rank == 0:
         try:
-            ck = ckpt.load(path)
-            if ck["input_size"] != ds.input_size or ck["labels"] != ds.labels:
-                raise UserError(f"{path}: inputPattSize/alphabet differ from {ds.source}")
-            if ck["config"]["model"] != to_dict(cfg)["model"]:
-                raise UserError(f"{path}: model section differs from the config")
-            ck["path"] = str(path)
-            return ck
+            ck = ckpt.load_for_resume(resume, run_dir, ds, model, opt, to_dict(cfg)["model"],
+                                      warn=lambda m: print(m, file=sys.stderr, flush=True))
         except UserError as e:
-            if i == len(cands) - 1:
-                raise
-            print(f"warning: {e}; falling back to {cands[i + 1]}", flush=True)
-    raise AssertionError("unreachable")
+            err = str(e)
+    err = comm.bcast_obj(err)
+    if err:
+        raise UserError(err)
+    return ck

@@ -1,0 +1,167 @@
+"""GPU section: the reference model end to end against its bare step on the device.
+
+The reference model is 3 x BLSTM-256 with 40 inputs and 30 labels + blank. For fp32 and
+bf16 at several padded-frame budgets it measures, side by side on the same synthetic
+speech-like data (written as an RNNLIB .nc file):
+
+- end to end: ``rnntrain.train.train`` itself (reader thread, worker, pinned copies on a
+  side stream, reduce, fused update), frames/s of its second epoch from metrics.jsonl;
+- the ceiling: the same model and the same micro-batches of the same epoch plan, already
+  collated on the device, stepped in a bare loop (forward, CTC, backward, fused Adam);
+- the share of the ceiling reached end to end (goal >= 95%) and the GPU memory peak.
+
+Without CUDA it returns a section saying it was not run and how to run it. Within about
+10 minutes on one GPU: ``python -m bench.gpu`` (``--quick``: one budget, less data).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+COMMAND = "python -m bench.gpu"
+REF = {"input_size": 40, "labels": 30, "layers": 3, "hidden": 256}
+
+
+def write_data(path: str, num_seqs: int, input_size: int, labels: int) -> str:
+    from data_tools.synth import write_synth
+    # about 170 frames per sequence with a long tail (speech-like spread)
+    write_synth(path, num_seqs=num_seqs, num_labels=labels, input_size=input_size, seed=7,
+                mean_labels=25.0)
+    return path
+
+
+def end_to_end(path: str, device: str, precision: str, budget: int, layers: int,
+               hidden: int, run_dir: str) -> dict:
+    """Train two epochs with the real loop; → frames/s of epoch 2 and the memory peak."""
+    from rnntrain.config import load_config
+    from rnntrain.train import train
+    cfg = load_config(None, [f"data.train={json.dumps(path)}", f"model.layers={layers}",
+                             f"model.hidden={hidden}", "train.epochs=2",
+                             f"train.batch_frames={budget}", f"train.precision={precision}",
+                             f"train.device={device}", "train.log_every=1000000",
+                             f"run.dir={json.dumps(run_dir)}", "checkpoint.every_minutes=1e6"])
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    train(cfg)
+    recs = [json.loads(line) for line in open(Path(run_dir) / "metrics.jsonl")]
+    last = [r for r in recs if r.get("split") == "train" and r.get("epoch") == 1][-1]
+    peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else 0
+    return {"fps": last["frames_per_s"], "peak": peak, "padding": last["padding"]}
+
+
+def ceiling(path: str, device: str, precision: str, budget: int, layers: int,
+            hidden: int) -> float:
+    """The bare step on batches already on the device: the same epoch-2 plan and task
+    split as the trainer's, no reader, no copies, no reduce. → frames/s."""
+    from rnntrain.dataset import Dataset
+    from rnntrain.device import autocast_dtype
+    from rnntrain.model import CTCModel
+    from rnntrain.plan import make_plan
+    from rnntrain.scheduler import split_tasks
+    from rnntrain.step import collate
+    dev = torch.device(device)
+    ds = Dataset.open(path)
+    keep = ds.feasible()
+    plan = make_plan(ds, keep, budget, seed=1, epoch=1)
+    frames = {}
+    for k in range(len(ds.chunks)):
+        frames.update(ds.load_chunk(k))
+    batches, real = [], 0
+    for step in plan:  # one worker, train.tasks_per_worker = 2: the trainer's split
+        for g in split_tasks(step.seqs, ds.lengths, 2):
+            g = sorted(g, key=lambda s: -int(ds.lengths[s]))
+            x, lengths = collate([frames[s] for s in g])
+            tg = torch.cat([torch.as_tensor(ds.targets[s], dtype=torch.long) for s in g])
+            tl = torch.tensor([len(ds.targets[s]) for s in g])
+            batches.append((x.to(dev), lengths, tg.to(dev), tl))
+            real += int(lengths.sum())
+    model = CTCModel(ds.input_size, ds.num_labels, layers, hidden).to(dev)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)
+    dtype = autocast_dtype(precision, dev)
+
+    def step(b):
+        x, lengths, tg, tl = b
+        with torch.autocast(dev.type, dtype=dtype, enabled=dtype is not None):
+            lp, out_len = model(x, lengths)
+        loss = F.ctc_loss(lp.float(), tg, out_len, tl, blank=model.blank, reduction="sum")
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    for b in batches[:3]:  # warm-up: cuDNN plans, allocator
+        step(b)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    for b in batches:
+        step(b)
+    sync()
+    return real / (time.perf_counter() - t0)
+
+
+def measure(path: str, device: str, precision: str, budget: int, layers: int, hidden: int,
+            run_dir: str) -> dict:
+    c = ceiling(path, device, precision, budget, layers, hidden)
+    e = end_to_end(path, device, precision, budget, layers, hidden, run_dir)
+    return {**e, "ceiling": c, "share": e["fps"] / c}
+
+
+def not_run() -> str:
+    return ("## GPU: LSTM-CTC on CUDA\n\n"
+            "Not measured yet: no CUDA device was available where this section was "
+            "generated. GPU figures are still to be measured. On a machine with one GPU "
+            f"run `{COMMAND}` (about 10 minutes; `--quick` for a short check): it reports "
+            "frames/s of the reference model (3 x BLSTM-256, 40 inputs, 30 labels + blank) "
+            "end to end and on tensors already on the device (the ceiling), the share of "
+            "the ceiling reached (goal >= 95%) and the GPU memory peak, for fp32 and bf16 "
+            "at several batch budgets.\n")
+
+
+def run(quick: bool = False) -> str:
+    if not torch.cuda.is_available():
+        return not_run()
+    budgets = [16000] if quick else [8000, 24000, 64000]
+    num_seqs = 1500 if quick else 6000
+    name = torch.cuda.get_device_name()
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        path = write_data(str(Path(d) / "train.nc"), num_seqs, REF["input_size"], REF["labels"])
+        for precision in ("fp32", "bf16"):
+            for budget in budgets:
+                r = measure(path, "cuda", precision, budget, REF["layers"], REF["hidden"],
+                            str(Path(d) / f"run-{precision}-{budget}"))
+                rows.append((precision, budget, r))
+                print(f"{precision} {budget}: {r}", file=sys.stderr, flush=True)
+    lines = ["## GPU: LSTM-CTC on CUDA", "",
+             f"{time.strftime('%Y-%m-%d')}, {name}, torch {torch.__version__}. Reference "
+             f"model 3 x BLSTM-256, 40 inputs, 30 labels + blank, on {num_seqs} synthetic "
+             "speech-like sequences (about 170 frames each, long tail). End to end = "
+             "`rnntrain train` (epoch 2, frames/s of real frames); ceiling = the same "
+             "micro-batches already on the device in a bare forward/CTC/backward/Adam loop.",
+             "", "| precision | batch_frames | end to end (frames/s) | ceiling (frames/s) | "
+             "share of ceiling | padding | GPU memory peak |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for precision, budget, r in rows:
+        lines.append(f"| {precision} | {budget} | {r['fps']:,.0f} | {r['ceiling']:,.0f} | "
+                     f"{100 * r['share']:.1f}% | {r['padding']:.2f} | "
+                     f"{r['peak'] / 2**30:.2f} GiB |")
+    fp32 = {b: r for p, b, r in rows if p == "fp32"}
+    for p, b, r in rows:
+        if p == "bf16" and b in fp32:
+            lines.append(f"\nbf16 / fp32 end to end at {b} frames: "
+                         f"{r['fps'] / fp32[b]['fps']:.2f}x")
+    worst = min(r["share"] for _, _, r in rows)
+    lines += ["", f"Lowest share of the ceiling: {100 * worst:.1f}% (goal >= 95%).",
+              "", f"Reproduce: `{COMMAND}{' --quick' if quick else ''}`", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(run(quick="--quick" in sys.argv[1:]))

@@ -1,0 +1,168 @@
+"""Worker threads × intra-op threads: training frames/s of the batch scheduler.
+
+Runs the real training step (WorkerPool → TaskComputer → fixed-order reduce → Adam) over
+the same length-bucketed batches for threads × intra_threads ∈ {1×1, 1×2, 2×1}, on the
+default model (configs/default.toml: 2×128 BLSTM, 20 inputs, 20 labels, batch_frames 3000)
+and on the reference model (3-layer BLSTM, 256 per direction, 40 inputs, 30 labels +
+blank, batches of 32 sequences of similar length). Settings are interleaved round by
+round so that a change in machine load hits all of them alike; the best round of each is
+reported. Also: the share of worker time idle at the barrier, and the task cost model
+fitted to measured single-task times (``scheduler.CostModel.fit``).
+
+    python -m bench.threads [--quick]
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+from data_tools.synth import write_synth
+from rnntrain.dataset import Dataset
+from rnntrain.model import CTCModel, count_params
+from rnntrain.plan import group_by_length
+from rnntrain.scheduler import CostModel, Task, WorkerPool, split_tasks
+from rnntrain.step import FlatGrad, TaskComputer, cost_model_for
+
+SETTINGS = ((1, 1), (1, 2), (2, 1))   # (threads, intra_threads)
+TASKS_PER_WORKER = 2                  # train.tasks_per_worker's default
+
+
+def _batches(ds: Dataset, kind: str, count: int, rng) -> list[list[int]]:
+    ids = np.arange(ds.num_seqs)
+    if kind == "frames":      # the training plan's grouping: n × longest ≤ 3000
+        groups = group_by_length(ids, ds.lengths, 3000, rng)
+    else:                     # buckets of 32 sequences of similar length
+        order = ids[np.argsort(ds.lengths, kind="stable")]
+        groups = [order[i:i + 32] for i in range(0, len(order) - 31, 32)]
+    pick = rng.choice(len(groups), size=min(count, len(groups)), replace=False)
+    return [list(map(int, groups[i])) for i in sorted(pick)]
+
+
+def _measure(model, ds, frames, batches, threads, intra) -> dict:
+    """Train on ``batches`` once; → frames/s, barrier idle share, tasks per batch."""
+    params = list(model.parameters())
+    opt = torch.optim.Adam(params, lr=1e-4)
+    flat = FlatGrad(params, torch.device("cpu"))
+    comp = TaskComputer(model, torch.device("cpu"))
+    cost = cost_model_for(model)
+    real = idle = wall_tot = 0.0
+    ntasks = []
+    with WorkerPool(comp, threads, intra) as pool:
+        t0 = time.perf_counter()
+        for step, b in enumerate(batches):
+            groups = split_tasks(b, ds.lengths, threads * TASKS_PER_WORKER, cost, threads)
+            tasks = [Task(j, g, ([frames[s] for s in g], [ds.targets[s] for s in g]))
+                     for j, g in enumerate(groups)]
+            comp.ensure_buffers(len(tasks))
+            comp.key = (1, 0, step)
+            results, timing = pool.run(tasks)
+            flat.reduce_tasks(comp.buffers[: len(tasks)], results)
+            flat.normalize_and_clip("sequences", 5.0)
+            opt.step()
+            real += sum(r.frames for r in results)
+            idle += sum(timing.idle_s)
+            wall_tot += timing.wall_s * threads
+            ntasks.append(len(tasks))
+        dt = time.perf_counter() - t0
+    return {"fps": real / dt, "idle": idle / max(wall_tot, 1e-9), "tasks": float(np.mean(ntasks))}
+
+
+def _fit_cost(model, frames_by_len, rng) -> tuple[CostModel, CostModel]:
+    """Time single tasks of N sequences of T frames on one thread; fit a·N·T + b·N + c."""
+    torch.set_num_threads(1)
+    comp = TaskComputer(model, torch.device("cpu"))
+    comp.ensure_buffers(1)
+    xs = []
+    for n in (1, 4, 12):
+        for t in (20, 60, 120):
+            seq = frames_by_len(t, n)
+            comp(0, Task(0, tuple(range(n)), seq))      # warm-up
+            reps = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                comp(0, Task(0, tuple(range(n)), seq))
+                reps.append(time.perf_counter() - t0)
+            xs.append((n, t, min(reps)))
+    n, t, y = zip(*xs)
+    fitted = CostModel.fit(n, t, y)
+    a_s = float(np.linalg.lstsq(np.stack([np.multiply(n, t), n, np.ones(len(n))], 1),
+                                np.asarray(y), rcond=None)[0][0])
+    return fitted, CostModel(1.0, fitted.b * a_s, fitted.c * a_s)  # frame units, seconds
+
+
+def _section(name, model, ds, batches, rounds, lines):
+    rng = np.random.default_rng(0)
+    assert len(ds.chunks) == 1, "the bench data fits one chunk"
+    frames = ds.load_chunk(0)
+    real = sum(int(ds.lengths[s]) for b in batches for s in b)
+    padded = sum(len(b) * int(ds.lengths[b].max()) for b in batches)
+    best = {s: None for s in SETTINGS}
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    for _ in range(rounds):
+        for s in SETTINGS:
+            model.load_state_dict(init)     # every setting trains the same weights
+            r = _measure(model, ds, frames, batches, *s)
+            if best[s] is None or r["fps"] > best[s]["fps"]:
+                best[s] = r
+
+    def synth_task(t, n):
+        return ([rng.normal(size=(t, ds.input_size)).astype(np.float32) for _ in range(n)],
+                [rng.integers(0, ds.num_labels, max(1, t // 8)) for _ in range(n)])
+    fitted, secs = _fit_cost(model, synth_task, rng)
+    guess = cost_model_for(model)
+    one = best[(1, 1)]["fps"]
+    intra_best = max(best[(1, 1)]["fps"], best[(1, 2)]["fps"])
+    lines += [f"### {name}", "",
+              f"{count_params(model):,} parameters; {len(batches)} batches, {real:,} frames "
+              f"(padding {padded / real:.2f}x), best of {rounds} interleaved rounds.", "",
+              "| threads x intra_threads | frames/s | vs 1x1 | barrier idle | tasks/batch |",
+              "|---|---:|---:|---:|---:|"]
+    for s in SETTINGS:
+        r = best[s]
+        lines.append(f"| {s[0]}x{s[1]} | {r['fps']:,.0f} | {r['fps'] / one:.2f}x | "
+                     f"{100 * r['idle']:.1f}% | {r['tasks']:.1f} |")
+    lines += ["", f"2x1 / 1x1 = {best[(2, 1)]['fps'] / one:.2f} (goal >= 1.9); 2x1 / best "
+                  f"intra-op-only = {best[(2, 1)]['fps'] / intra_best:.2f} (goal >= 1.0).", "",
+              f"Task cost fitted on one thread: {secs.b * 1e6:.0f} us per sequence, "
+              f"{secs.c * 1e3:.2f} ms per task = b {fitted.b:.2f}, c {fitted.c:.1f} padded-frame "
+              f"equivalents (the built-in guess for this model: b {guess.b:.2f}, "
+              f"c {guess.c:.1f}).", ""]
+
+
+def run(quick: bool = False) -> str:
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    lines = ["## Worker threads x intra-op threads (CPU)", "",
+             f"Real training steps (task split, forward, CTC, backward, fixed-order reduce, "
+             f"Adam) on {cores} cores, torch {torch.__version__}. Reproduce: "
+             f"`python -m bench.threads{' --quick' if quick else ''}`.", ""]
+    with tempfile.TemporaryDirectory() as tmp:
+        # the default model on data like `python -m data_tools synth` writes for it
+        path = os.path.join(tmp, "default.nc")
+        write_synth(path, num_seqs=400 if quick else 1000, num_labels=20, input_size=20, seed=1)
+        ds = Dataset.open(path)
+        model = CTCModel(ds.input_size, ds.num_labels, layers=2, hidden=128)
+        _section("Default model (2x128 BLSTM, configs/default.toml)", model, ds,
+                 _batches(ds, "frames", 6 if quick else 20, rng), 1 if quick else 2, lines)
+        # the reference model: 40 inputs, 30 labels, batches of 32 similar lengths
+        path = os.path.join(tmp, "reference.nc")
+        write_synth(path, num_seqs=400 if quick else 800, num_labels=30, input_size=40, seed=2,
+                    mean_labels=12.0)
+        ds = Dataset.open(path)
+        model = CTCModel(ds.input_size, ds.num_labels, layers=3, hidden=256)
+        _section("Reference model (3x256 BLSTM, 40 inputs, 30 labels, batches of 32)", model,
+                 ds, _batches(ds, "count", 2 if quick else 5, rng), 1 if quick else 2, lines)
+    lines += ["`torch.set_num_threads` is process-wide in this torch (measured: a worker that "
+              "set 1 runs 2 OpenMP threads once another thread sets 2), so the pool sets the "
+              "intra-op count once for all workers.", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(run(quick="--quick" in sys.argv[1:]))

@@ -1,0 +1,307 @@
+"""Audio (WAV) or arrays (.npy) listed in a LIST.tsv → normalised RNNLIB NetCDF.
+
+LIST.tsv: one utterance per line, ``path<TAB>transcript``; the transcript is a space-
+separated list of label names (it may be empty); relative paths are relative to the list's
+folder; blank lines and lines starting with ``#`` are skipped. ``seqTags`` are file names.
+
+Normalisation: per-feature mean and standard deviation are computed on the list being
+converted (the training list) and saved as JSON next to the output (or ``--save-stats``),
+together with the feature settings and the alphabet; ``--stats FILE`` applies saved
+statistics instead, so validation and test sets are normalised exactly like training and
+share its alphabet and feature settings.
+
+Streaming: two passes over the list (lengths and statistics, then frames), one utterance in
+memory at a time; the output is written under a temporary name and renamed at the end.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from rnntrain.errors import UserError
+from rnntrain.ncdata import NcWriter
+
+from . import features as feat
+
+STATS_VERSION = 1
+
+
+@dataclass
+class Entry:
+    line: int          # 1-based line number in the list
+    path: Path
+    transcript: list[str]
+
+
+def read_list(list_path) -> list[Entry]:
+    lp = Path(list_path)
+    if not lp.is_file():
+        raise UserError(f"{lp}: list file not found")
+    out = []
+    for n, raw in enumerate(lp.read_text(encoding="utf-8").splitlines(), 1):
+        if not raw.strip() or raw.lstrip().startswith("#"):
+            continue
+        if "\t" not in raw:
+            raise UserError(f"{lp} line {n}: expected 'path<TAB>transcript', got {raw[:80]!r}")
+        path, text = raw.split("\t", 1)
+        p = Path(path.strip())
+        out.append(Entry(n, p if p.is_absolute() else lp.parent / p, text.split()))
+    if not out:
+        raise UserError(f"{lp}: no utterances listed")
+    return out
+
+
+def parse_labels(text: str) -> list[str]:
+    """``--labels``: names separated by commas or whitespace, in index order."""
+    names = text.replace(",", " ").split()
+    if not names or len(set(names)) != len(names):
+        raise UserError(f"--labels {text!r}: give distinct label names separated by commas")
+    return names
+
+
+def _where(list_path, e: Entry) -> str:
+    return f"{list_path} line {e.line}: {e.path}"
+
+
+# ---------------------------------------------------------------- sources
+
+
+def read_wav(path) -> tuple[int, np.ndarray]:
+    """→ (rate, mono float64 signal in [-1, 1]). Raises UserError naming the file."""
+    from scipy.io import wavfile
+    if not os.path.isfile(path):
+        raise UserError(f"{path}: file not found")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # odd chunks (LIST/INFO) are skipped anyway
+            rate, x = wavfile.read(path)
+    except (ValueError, OSError, EOFError) as e:
+        raise UserError(f"{path}: cannot read as WAV ({e})") from None
+    if x.dtype == np.uint8:
+        x = (x.astype(np.float64) - 128.0) / 128.0
+    elif x.dtype.kind == "i":
+        x = x.astype(np.float64) / float(2 ** (8 * x.dtype.itemsize - 1))
+    elif x.dtype.kind == "f":
+        x = x.astype(np.float64)
+    else:
+        raise UserError(f"{path}: unsupported WAV sample type {x.dtype}")
+    if x.ndim == 2:
+        x = x.mean(axis=1)  # stereo (or more) → mono
+    if x.size == 0:
+        raise UserError(f"{path}: WAV file has no samples")
+    if not np.isfinite(x).all():
+        raise UserError(f"{path}: WAV file contains NaN or Inf samples")
+    return int(rate), x
+
+
+class AudioSource:
+    """WAV files → features (FeatureConfig); other sample rates are resampled."""
+
+    def __init__(self, cfg: feat.FeatureConfig):
+        self.cfg, self.fb = cfg, feat.mel_filterbank(cfg)
+        self.size = cfg.size
+
+    def signal(self, path) -> np.ndarray:
+        rate, x = read_wav(path)
+        if rate != self.cfg.rate:
+            from scipy.signal import resample_poly
+            g = math.gcd(rate, self.cfg.rate)
+            x = resample_poly(x, self.cfg.rate // g, rate // g)
+        return x
+
+    def features(self, path) -> np.ndarray:
+        return feat.compute(self.signal(path), self.cfg, self.fb)
+
+    def describe(self) -> dict:
+        return {"source": "audio", **self.cfg.to_dict()}
+
+
+class ArraySource:
+    """``.npy`` files, each a (T, F) numeric array of frames, used as they are."""
+
+    def __init__(self, size: int | None = None):
+        self.size = size
+
+    def features(self, path) -> np.ndarray:
+        if not os.path.isfile(path):
+            raise UserError(f"{path}: file not found")
+        try:
+            x = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
+            raise UserError(f"{path}: cannot read as a .npy array ({e})") from None
+        if x.ndim == 1:
+            x = x[:, None]
+        if x.ndim != 2 or x.dtype.kind not in "iuf" or len(x) == 0:
+            raise UserError(f"{path}: expected a non-empty (frames, features) numeric array, "
+                            f"got shape {x.shape} {x.dtype}")
+        if self.size is None:
+            self.size = x.shape[1]
+        if x.shape[1] != self.size:
+            raise UserError(f"{path}: has {x.shape[1]} features per frame, the first file "
+                            f"had {self.size}")
+        x = x.astype(np.float32)
+        if not np.isfinite(x).all():
+            raise UserError(f"{path}: NaN or Inf in frame {int(np.flatnonzero(~np.isfinite(x).all(1))[0])}")
+        return x
+
+    def describe(self) -> dict:
+        return {"source": "arrays", "size": self.size}
+
+
+# ---------------------------------------------------------------- statistics
+
+
+class RunningStats:
+    """Per-feature mean/variance over frames, in float64 with a shift (no cancellation)."""
+
+    def __init__(self):
+        self.n, self.shift, self.s1, self.s2 = 0, None, None, None
+
+    def add(self, x: np.ndarray):
+        x = np.asarray(x, dtype=np.float64)
+        if self.shift is None:
+            self.shift = x.mean(axis=0)
+            self.s1 = np.zeros_like(self.shift)
+            self.s2 = np.zeros_like(self.shift)
+        d = x - self.shift
+        self.n += len(x)
+        self.s1 += d.sum(axis=0)
+        self.s2 += (d * d).sum(axis=0)
+
+    def mean_std(self) -> tuple[np.ndarray, np.ndarray]:
+        m = self.s1 / self.n
+        var = np.maximum(self.s2 / self.n - m * m, 0.0)
+        # a constant feature (e.g. a silent band) keeps unit scale rather than dividing by 0
+        std = np.where(var > 1e-12, np.sqrt(var), 1.0)
+        return self.shift + m, std
+
+
+@dataclass
+class Stats:
+    mean: np.ndarray      # (F,)
+    std: np.ndarray       # (F,)
+    frames: int
+    labels: list[str]
+    source: dict          # feature settings (or "arrays") the statistics belong to
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        return ((x - self.mean) / self.std).astype(np.float32)
+
+    def save(self, path):
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps({
+            "version": STATS_VERSION, "source": self.source, "labels": self.labels,
+            "frames": self.frames, "mean": self.mean.tolist(), "std": self.std.tolist()},
+            indent=1))
+        os.replace(tmp, p)
+
+    @classmethod
+    def load(cls, path) -> "Stats":
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"{p}: statistics file not found")
+        try:
+            d = json.loads(p.read_text())
+            s = cls(np.asarray(d["mean"], dtype=np.float64), np.asarray(d["std"], dtype=np.float64),
+                    int(d["frames"]), list(d["labels"]), dict(d["source"]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise UserError(f"{p}: not a statistics file written by rnntrain-data ({e})") from None
+        if s.mean.shape != s.std.shape or s.mean.ndim != 1 or not (s.std > 0).all():
+            raise UserError(f"{p}: malformed mean/std vectors")
+        return s
+
+
+# ---------------------------------------------------------------- conversion
+
+
+def convert(list_path, out, source, stats_path=None, save_stats=None, labels=None,
+            fmt="NETCDF3_64BIT_OFFSET", progress=True) -> Stats:
+    """Convert the listed utterances into ``out`` (RNNLIB NetCDF); returns the statistics.
+
+    source: AudioSource or ArraySource. stats_path: apply these saved statistics (and their
+    alphabet); otherwise compute them on this list and save to save_stats (default
+    ``<out>.stats.json``).
+    """
+    from tqdm import tqdm
+    entries = read_list(list_path)
+    given = Stats.load(stats_path) if stats_path else None
+    if given is not None:
+        if given.source != source.describe() and given.source.get("source") == "audio":
+            raise UserError(f"{stats_path}: statistics were computed with features "
+                            f"{given.source}, not {source.describe()}")
+        if labels is not None and labels != given.labels:
+            raise UserError(f"--labels differs from the alphabet saved in {stats_path}")
+        labels = given.labels
+    if labels is None:
+        labels = sorted({t for e in entries for t in e.transcript})
+        if not labels:
+            raise UserError(f"{list_path}: every transcript is empty; give --labels")
+    index = set(labels)
+    for e in entries:
+        bad = [t for t in e.transcript if t not in index]
+        if bad:
+            raise UserError(f"{_where(list_path, e)}: transcript token {bad[0]!r} is not in "
+                            f"the alphabet ({' '.join(labels[:20])})")
+
+    # pass 1: lengths (and statistics when none are given)
+    running = RunningStats()
+    lengths = []
+    bar = dict(unit="utt", disable=not progress or None, leave=False)
+    for e in tqdm(entries, desc="pass 1/2 (lengths, statistics)", **bar):
+        try:
+            x = source.features(str(e.path))
+        except UserError as err:
+            raise UserError(f"{list_path} line {e.line}: {err}") from None
+        lengths.append(len(x))
+        if given is None:
+            running.add(x)
+    if given is None:
+        mean, std = running.mean_std()
+        stats = Stats(mean, std, running.n, list(labels), source.describe())
+        stats.save(save_stats or f"{out}.stats.json")
+    else:
+        stats = given
+        if len(stats.mean) != source.size:
+            raise UserError(f"{stats_path}: statistics are for {len(stats.mean)} features, "
+                            f"the data has {source.size}")
+
+    # pass 2: normalised frames, one utterance at a time
+    tags = [e.path.name for e in entries]
+    with NcWriter(out, labels, source.size, lengths, [" ".join(e.transcript) for e in entries],
+                  tags, fmt) as w:
+        for e, n in zip(tqdm(entries, desc="pass 2/2 (write)", **bar), lengths):
+            x = source.features(str(e.path))
+            if len(x) != n:
+                raise UserError(f"{_where(list_path, e)}: changed while converting")
+            w.append(stats.apply(x))
+    return stats
+
+
+def feature_config(kind: str | None, rate: int | None, mels: int | None, stats_path=None,
+                   list_path=None) -> feat.FeatureConfig:
+    """Feature settings from flags, the saved statistics, or (rate) the first listed file."""
+    if stats_path:
+        src = dict(Stats.load(stats_path).source)
+        if src.pop("source", None) != "audio":
+            raise UserError(f"{stats_path}: statistics are not for audio features")
+        cfg = feat.FeatureConfig(**src)
+        for flag, v, have in (("--features", kind, cfg.kind), ("--rate", rate, cfg.rate),
+                              ("--mels", mels, cfg.n_mels)):
+            if v is not None and v != have:
+                raise UserError(f"{flag} {v} differs from {have} saved in {stats_path}")
+        return cfg
+    if rate is None:
+        first = read_list(list_path)[0]
+        rate = read_wav(str(first.path))[0]
+    try:
+        return feat.FeatureConfig(kind=kind or "fbank", rate=rate, n_mels=mels or 40)
+    except ValueError as e:
+        raise UserError(str(e)) from None

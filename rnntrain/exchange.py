@@ -1,0 +1,243 @@
+"""The gradient exchange between ranks: one collective per step, two modes, three wires.
+
+The step's message is the ``FlatGrad`` buffer [gradient (P,) | loss, seqs, frames, errors,
+ref_labels], so the counts used for loss normalisation are global (N ranks with global
+batch B make the same update as one rank with batch B).
+
+- ``dist.mode = "allreduce"`` (default): one Allreduce; every rank applies the same update.
+- ``dist.mode = "master"``: Reduce to rank 0, rank 0 steps the optimizer (it computes too)
+  and broadcasts the new weights.
+- ``dist.wire = "fp32"``: the buffer as it is (MPI's own SUM, ring/Rabenseifner for big
+  messages). ``"bf16"``/``"fp16"``: a compressed message [scale, non-finite flag, stats
+  (fp32) | gradient (16-bit)] reduced with a custom op that decodes both operands with their
+  own scale, sums in fp32 and re-encodes with a fresh power-of-two scale (fp16's range is
+  65504: without scaling large sums overflow and small gradients flush to zero). The flag
+  counts ranks whose local gradient was Inf/NaN, so the step is skipped everywhere.
+
+Also here: start-up synchronisation (weights, optimizer and loop state from rank 0,
+checked with a checksum) and the per-log-interval gather of per-rank compute times
+(straggler gap) and weight checksums.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .device import masked_step
+from .errors import UserError
+from .step import N_STATS, FlatGrad
+
+# header of a 16-bit message, float32: scale, non-finite flag, then the N_STATS stats
+_HDR = 2 + N_STATS
+_FP16_MAX = 65504.0
+
+
+def _to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 (P,) → bfloat16 bit patterns (P,) uint16, round to nearest even."""
+    bits = x.view(np.uint32)
+    rounded = bits + (0x7FFF + ((bits >> 16) & 1)).astype(np.uint32)
+    out = (rounded >> 16).astype(np.uint16)
+    nan = np.isnan(x)
+    if nan.any():
+        out[nan] = 0x7FC0
+    return out
+
+
+def _from_bf16(h: np.ndarray) -> np.ndarray:
+    return (h.astype(np.uint32) << 16).view(np.float32)
+
+
+class WireCodec:
+    """Encode/decode/combine one compressed message of P gradient values."""
+
+    def __init__(self, wire: str, numel: int):
+        assert wire in ("bf16", "fp16")
+        self.wire, self.numel = wire, numel
+        self.nbytes = 4 * _HDR + 2 * numel
+
+    def _views(self, msg: np.ndarray):
+        hdr = msg[: 4 * _HDR].view(np.float32)
+        body = msg[4 * _HDR: self.nbytes].view(np.uint16)
+        return hdr, body
+
+    def _scale_for(self, absmax: float) -> float:
+        """A power of two bringing the largest magnitude to ~1/4 of fp16's range (room for
+        the sum with the next operand); 1 for bf16 (fp32's range)."""
+        if self.wire == "bf16" or not np.isfinite(absmax) or absmax == 0:
+            return 1.0
+        return float(2.0 ** np.clip(np.floor(np.log2(_FP16_MAX / 4 / absmax)), -40, 40))
+
+    def encode_into(self, msg: np.ndarray, grad: np.ndarray, stats: np.ndarray, flag: float):
+        hdr, body = self._views(msg)
+        absmax = float(np.abs(grad).max()) if grad.size else 0.0
+        scale = self._scale_for(absmax)
+        hdr[0], hdr[1], hdr[2:] = scale, flag, stats
+        if self.wire == "bf16":
+            body[:] = _to_bf16(np.ascontiguousarray(grad, np.float32))
+        else:
+            body[:] = (grad * scale).astype(np.float16).view(np.uint16)
+
+    def decode(self, msg: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+        """→ (gradient (P,) float32, stats (N_STATS,) float32, non-finite flag)."""
+        hdr, body = self._views(msg)
+        if self.wire == "bf16":
+            g = _from_bf16(body)
+        else:
+            g = body.view(np.float16).astype(np.float32) / np.float32(hdr[0])
+        return g, hdr[2:].copy(), float(hdr[1])
+
+    def combine(self, a: np.ndarray, b: np.ndarray):
+        """The MPI op: b ← a + b (commutative bit for bit: both orders give one result)."""
+        ga, sa, fa = self.decode(a)
+        gb, sb, fb = self.decode(b)
+        self.encode_into(b, ga + gb, sa + sb, fa + fb)
+
+
+class Exchange:
+    """Per-step exchange of the flat gradient; train.py calls reduce → step → publish."""
+
+    def __init__(self, comm, dcfg, flat: FlatGrad, params: list[torch.nn.Parameter]):
+        self.comm, self.mode, self.wire = comm, dcfg.mode, dcfg.wire
+        self.flat, self.params = flat, params
+        self.root = comm.rank == 0
+        # optimizer steps here: every rank in allreduce mode, rank 0 only in master mode
+        self.updates = self.mode == "allreduce" or self.root
+        cpu = flat.buf.device.type == "cpu"
+        # GPU ranks stage the message in pinned host memory (MPI reads host memory unless
+        # it is CUDA-aware); on the CPU the flat buffer itself is the message (no copy)
+        self._pinned = None if cpu else torch.empty(flat.buf.numel(), pin_memory=True)
+        self.host = flat.buf.numpy() if cpu else self._pinned.numpy()
+        n_params = sum(p.numel() for p in params)
+        self.weights = np.zeros(n_params, np.float32)
+        self.codec = WireCodec(self.wire, flat.numel) if self.wire != "fp32" else None
+        self.msg = np.zeros(self.codec.nbytes, np.uint8) if self.codec else None
+        self.bytes_sent = 0           # message bytes handed to MPI by this rank (all steps)
+        self.steps = 0
+        self._compute: list[float] = []
+        # the same op object for every step so dist caches one MPI op and datatype
+        self._combine = self.codec.combine if self.codec else None
+
+    # ---- message size (what one step hands to MPI)
+    @property
+    def message_bytes(self) -> int:
+        return self.msg.nbytes if self.codec else self.host.nbytes
+
+    def reduce(self, step: int, compute_s: float = 0.0):
+        """Sum every rank's flat buffer: on every rank (allreduce) or on rank 0 (master)."""
+        self._compute.append(compute_s)
+        self.steps += 1
+        if self.comm.size == 1:
+            return
+        what = f"gradient exchange of step {step}"
+        flat = self.flat
+        if self._pinned is not None:
+            self._pinned.copy_(flat.buf)
+        if self.codec is None:
+            buf = self.host
+        else:
+            grad, stats = self.host[: flat.numel], self.host[flat.numel:]
+            flag = 0.0 if np.isfinite(grad).all() and np.isfinite(stats).all() else 1.0
+            self.codec.encode_into(self.msg, grad, stats, flag)
+            buf = self.msg
+        if self.mode == "allreduce":
+            self.comm.allreduce_(buf, self._combine, what=what)
+        else:
+            self.comm.reduce_(buf, 0, self._combine, what=what)
+        self.bytes_sent += buf.nbytes
+        if not self.updates:
+            return
+        if self.codec is not None:
+            grad, stats, flag = self.codec.decode(self.msg)
+            if flag:
+                stats[0] = np.nan  # some rank had Inf/NaN: the step is skipped everywhere
+            self.host[: flat.numel], self.host[flat.numel:] = grad, stats
+        if self._pinned is not None:
+            flat.buf.copy_(self._pinned, non_blocking=False)
+
+    def step(self, opt: torch.optim.Optimizer, finite: torch.Tensor):
+        """The optimizer update, where this mode makes it; skipped when ``finite`` (0-dim
+        bool tensor: loss and gradient free of NaN/Inf) is False, without a host read on
+        a GPU (``device.masked_step``)."""
+        if self.updates:
+            masked_step(opt, finite)
+
+    def publish(self, step: int):
+        """Master mode: rank 0's new weights to every rank (unconditionally, so a skipped
+        update on rank 0 can never leave the others waiting)."""
+        if self.mode != "master" or self.comm.size == 1:
+            return
+        if self.root:
+            self.weights[:] = _flatten(self.params)
+        self.comm.bcast_(self.weights, 0, what=f"weight broadcast of step {step}")
+        self.bytes_sent += self.weights.nbytes if self.root else 0
+        if not self.root:
+            _unflatten(self.weights, self.params)
+
+    def window(self) -> dict:
+        """At a log interval, on every rank (one collective): per-rank compute time per
+        step and the weight checksum. → straggler gap (mean over steps of max − min
+        compute over ranks), slowest rank; a weight mismatch between ranks is an error."""
+        times = np.array(self._compute, np.float64)
+        self._compute = []
+        if self.comm.size == 1:
+            return {}
+        row = np.concatenate([[_checksum(self.params)], times])
+        rows = self.comm.allgather_(row, what="metrics gather")
+        sums, t = rows[:, 0], rows[:, 1:]
+        if np.any(sums != sums[0]):
+            raise UserError("weights differ between ranks (checksums " +
+                            ", ".join(f"rank {r}: {s!r}" for r, s in enumerate(sums)) +
+                            "): the ranks' updates diverged")
+        per_rank = t.mean(axis=1) if t.shape[1] else np.zeros(len(t))
+        return {"straggler_gap_s": float((t.max(0) - t.min(0)).mean()) if t.shape[1] else 0.0,
+                "compute_max_s": float(per_rank.max()), "compute_min_s": float(per_rank.min()),
+                "slowest_rank": int(per_rank.argmax())}
+
+    def sync_start(self, model, opt, state: dict) -> dict:
+        """Rank 0's weights, optimizer state and loop state to every rank, then verify on
+        every rank a checksum of the weights and optimizer state (a mismatch: error before
+        step 1). Returns the loop state (rank 0's)."""
+        comm = self.comm
+        if comm.size == 1:
+            return state
+        vec = _flatten(self.params).astype(np.float32)
+        comm.bcast_(vec, 0, what="start-up weight broadcast")
+        _unflatten(vec, self.params)
+        ostate = comm.bcast_obj(_to_cpu(opt.state_dict()) if self.root else None)
+        if not self.root:
+            opt.load_state_dict(ostate)
+        state = comm.bcast_obj(dict(state) if self.root else None)
+        total = _checksum(self.params) + sum(
+            float(v.double().sum()) for s in opt.state_dict()["state"].values()
+            for v in s.values() if torch.is_tensor(v))
+        comm.check_same(total, "weight and optimizer-state checksum after broadcast")
+        return state
+
+
+def _to_cpu(obj):
+    """A state dict with every tensor on the CPU (so it unpickles on any rank's device)."""
+    if torch.is_tensor(obj):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+def _flatten(params) -> np.ndarray:
+    return torch.cat([p.detach().reshape(-1).cpu() for p in params]).numpy()
+
+
+def _unflatten(vec: np.ndarray, params):
+    off = 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(torch.from_numpy(vec[off: off + p.numel()]).view_as(p))
+            off += p.numel()
+
+
+def _checksum(params) -> float:
+    """A float64 sum of the weights: equal on every rank iff they hold the same bytes
+    (to the precision any training divergence would show)."""
+    return float(sum(p.detach().double().sum() for p in params))

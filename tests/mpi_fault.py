@@ -1,0 +1,38 @@
+"""Run ``rnntrain train`` under mpiexec with a fault injected on one rank.
+
+Used by tests/test_mpi.py:  python tests/mpi_fault.py RANK KIND STEP CONFIG [overrides...]
+KIND: "raise" (an exception in a worker), "kill" (SIGKILL itself), "stop" (SIGSTOP itself:
+stuck, still alive), "baddata" (this rank reads a missing data file: a UserError), "data=PATH" (this rank
+trains on another file).
+The fault hits rank RANK when it computes step STEP (0-based, within the epoch).
+"""
+import os
+import signal
+import sys
+
+from rnntrain import cli, step
+
+
+def main():
+    target, kind, at, *argv = sys.argv[1:]
+    rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+    if rank == int(target):
+        if kind == "baddata":
+            argv.append("data.train=/nonexistent/train.nc")
+        elif kind.startswith("data="):
+            argv.append(f"data.train={kind[5:]}")
+        else:
+            orig = step.TaskComputer.__call__
+
+            def faulty(self, worker, task):
+                if self.key[2] == int(at):
+                    if kind == "raise":
+                        raise RuntimeError(f"injected fault at step {at}")
+                    os.kill(os.getpid(), signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
+                return orig(self, worker, task)
+            step.TaskComputer.__call__ = faulty
+    sys.exit(cli.main(["train", *argv]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,344 @@
+"""Bad input and numerical faults, as a user meets them: the real CLI in a subprocess.
+
+Every case asserts a non-zero exit, no traceback, and a last stderr line that is the one-line
+error naming the file / variable / sequence; no checkpoint is written from bad data.
+"""
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from tests.badinput import BAD_FILES, good_parts, write_nc
+from tests.conftest import ROOT, run_cli
+
+
+def config(tmp_path, train_file, val=None, name="exp.toml", **sections) -> str:
+    text = f'[data]\ntrain = "{train_file}"\n' + (f'val = "{val}"\n' if val else "")
+    body = {"model": {"layers": 1, "hidden": 8},
+            "train": {"epochs": 1, "batch_frames": 200, "threads": 1}}
+    for sec, kv in sections.items():
+        body.setdefault(sec, {}).update(kv)
+    for sec, kv in body.items():
+        text += f"[{sec}]\n" + "".join(f"{k} = {v}\n" for k, v in kv.items())
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def assert_clean_error(proc, *fragments):
+    err = proc.stderr
+    assert proc.returncode == 2, f"rc {proc.returncode}\n{err[-2000:]}"
+    assert "Traceback" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    # tqdm may share the line with the error: what counts is what follows "error:"
+    assert ": error: " in last, last
+    msg = last[last.index("rnntrain "):]
+    for f in fragments:
+        assert f in msg, f"{f!r} not in {msg!r}"
+    return msg
+
+
+def train(cfg, *args, **kw):
+    return run_cli("rnntrain", "train", cfg, *args, **kw)
+
+
+@pytest.fixture(scope="module")
+def good_nc(tmp_path_factory):
+    d = tmp_path_factory.mktemp("good")
+    return write_nc(d / "good.nc", good_parts()), write_nc(d / "f4.nc", good_parts(f=4))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, good_nc):
+    """A finished tiny run on good data (its checkpoints are used by several cases)."""
+    d = tmp_path_factory.mktemp("trained")
+    cfg = config(d, good_nc[0])
+    p = train(cfg, f"run.dir={d / 'run'}")
+    assert p.returncode == 0, p.stderr[-2000:]
+    return cfg, d / "run"
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_bad_training_file(tmp_path, case):
+    build, fragments = BAD_FILES[case]
+    path = build(tmp_path / f"{case}.nc")
+    run = tmp_path / "run"
+    p = train(config(tmp_path, path), f"run.dir={run}")
+    msg = assert_clean_error(p, str(path), *fragments)
+    assert "\n" not in msg
+    assert not list(run.glob("checkpoints/*.pt")), "a checkpoint was written from bad data"
+
+
+def test_val_input_size_differs(tmp_path, good_nc):
+    p = train(config(tmp_path, good_nc[0], val=good_nc[1]), f"run.dir={tmp_path / 'r'}")
+    assert_clean_error(p, str(good_nc[1]), "inputPattSize 4 differs from training data",
+                       str(good_nc[0]), "(3)")
+
+
+def test_bad_validation_file(tmp_path, good_nc):
+    bad = BAD_FILES["nan_inputs"][0](tmp_path / "val.nc")
+    p = train(config(tmp_path, good_nc[0], val=bad), f"run.dir={tmp_path / 'r'}")
+    assert_clean_error(p, str(bad), "sequence 2 ('utt2')", "NaN or Inf")
+
+
+def test_checkpoint_input_size_differs_on_resume(tmp_path, trained, good_nc):
+    cfg, run = trained
+    p = train(cfg, f"run.dir={run}", f"data.train={good_nc[1]}", "--resume", "auto")
+    assert_clean_error(p, "inputPattSize 3", str(good_nc[1]), "has 4")
+
+
+def test_checkpoint_input_size_differs_on_eval(trained, good_nc):
+    _, run = trained
+    p = run_cli("rnntrain", "eval", run / "checkpoints" / "last.pt", good_nc[1])
+    assert_clean_error(p, str(good_nc[1]), "inputPattSize 4 differs from the checkpoint's (3)")
+
+
+@pytest.mark.parametrize("text, fragments", [
+    ("[train]\nepoch = 3\n", ["unknown key train.epoch", "valid keys of [train]", "epochs"]),
+    ("[trian]\n", ["unknown section [trian]"]),
+    ('[train]\nepochs = "three"\n', ["train.epochs must be int", "str 'three'"]),
+    ("[optim]\nlr = -0.1\n", ["optim.lr = -0.1 must be > 0"]),
+    ("[model]\nhidden = 0\n", ["model.hidden = 0 must be > 0"]),
+    ("[model\n", ["not valid TOML"]),
+])
+def test_bad_config(tmp_path, good_nc, text, fragments):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(f'[data]\ntrain = "{good_nc[0]}"\n' + text)
+    assert_clean_error(train(cfg), *fragments)
+
+
+def test_missing_data_path(tmp_path):
+    p = train(config(tmp_path, tmp_path / "nowhere.nc"))
+    assert_clean_error(p, str(tmp_path / "nowhere.nc"), "not found")
+
+
+def test_data_path_not_set(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[model]\nhidden = 8\n")
+    assert_clean_error(train(cfg), "data.train is not set")
+
+
+def test_run_dir_not_writable(tmp_path, good_nc):
+    blocker = tmp_path / "afile"
+    blocker.write_text("")  # a file where the run folder's parent should be
+    p = train(config(tmp_path, good_nc[0]), f"run.dir={blocker / 'run'}")
+    assert_clean_error(p, str(blocker / "run"), "not writable")
+
+
+def test_fresh_run_refuses_a_folder_with_checkpoints(trained):
+    """Re-running without --resume must not overwrite (and prune) a run's checkpoints."""
+    cfg, run = trained
+    before = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
+    config_toml = (run / "config.toml").read_bytes()
+    p = train(cfg, f"run.dir={run}")
+    assert_clean_error(p, f"run folder {run} already holds checkpoints", "--resume")
+    assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == before
+    assert (run / "config.toml").read_bytes() == config_toml
+
+
+def test_resume_with_other_model_section(tmp_path, trained):
+    cfg, run = trained
+    p = train(cfg, f"run.dir={run}", "model.hidden=9", "--resume", "auto")
+    assert_clean_error(p, "model section differs from the config", "'hidden': (8, 9)")
+
+
+def test_corrupt_checkpoints_fall_back(tmp_path, trained):
+    """--resume auto skips a truncated checkpoint and one of another format version,
+    saying so, and resumes from the newest usable one; an explicit bad path is an error."""
+    import shutil
+    cfg, src = trained
+    run = tmp_path / "run"
+    shutil.copytree(src, run)
+    ck_dir = run / "checkpoints"
+    last = torch.load(ck_dir / "last.pt", weights_only=True)
+    steps = last["state"]["step"]
+    newer = dict(last, state=dict(last["state"], step=steps + 1))
+    torch.save(dict(newer, format=99), ck_dir / f"step-{steps + 2:08d}.pt")
+    data = (ck_dir / "last.pt").read_bytes()
+    (ck_dir / f"step-{steps + 3:08d}.pt").write_bytes(data[: len(data) // 2])
+    p = train(cfg, f"run.dir={run}", "train.epochs=2", "--resume", "auto")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"step-{steps + 2:08d}.pt: checkpoint format 99" in p.stderr
+    assert "falling back to" in p.stderr
+    assert f"resumed from {ck_dir / 'last.pt'}" in p.stderr
+    bad = ck_dir / f"step-{steps + 3:08d}.pt"
+    bad.write_bytes(data[: len(data) // 2])
+    p = train(cfg, f"run.dir={run}", "--resume", str(bad))
+    assert_clean_error(p, str(bad), "not a readable checkpoint")
+
+
+def _fsize_limit(limit):
+    """A preexec_fn: files may not grow beyond ``limit`` bytes (a real EFBIG)."""
+    def pre():
+        # SIG_IGN survives exec: the write then fails with EFBIG instead of killing
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return pre
+
+
+def test_disk_full_while_checkpointing_keeps_previous(tmp_path, synth_pair):
+    """A checkpoint write that fails (file size limit: a real EFBIG from the kernel) stops
+    the run with a clear error; the previous checkpoint stays valid and resumable."""
+    train_nc, _ = synth_pair
+    cfg = config(tmp_path, train_nc, model={"hidden": 8, "bidirectional": "false"},
+                 train={"epochs": 2, "batch_frames": 600, "log_every": 1000},
+                 checkpoint={"every_steps": 4})
+    run = tmp_path / "run"
+    first = train(cfg, f"run.dir={run}", "train.epochs=1")
+    assert first.returncode == 0, first.stderr[-2000:]
+    good = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    size = (run / "checkpoints" / "last.pt").stat().st_size
+    assert size > 12_000, "the limit must be below one checkpoint"
+    before = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
+    e = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, "-m", "rnntrain", "train", cfg, f"run.dir={run}",
+                        "--resume"], cwd=ROOT, env=e, capture_output=True, text=True,
+                       timeout=300, preexec_fn=_fsize_limit(12_000))
+    assert_clean_error(p, "cannot write checkpoint", "File too large",
+                       "previous checkpoints", "intact")
+    after = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
+    assert after == before, "a failed write changed or left files in checkpoints/"
+    again = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    assert again["state"] == good["state"]
+    ok = train(cfg, f"run.dir={run}", "--resume")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+
+
+SAVE_BIG = """
+import sys, torch
+from pathlib import Path
+from rnntrain.checkpoint import save_atomic
+from rnntrain.errors import UserError
+try:
+    save_atomic({"w": torch.ones(2_000_000)}, Path(sys.argv[1]))
+except UserError as e:
+    print(e)
+"""
+
+
+def test_disk_full_large_checkpoint_keeps_previous(tmp_path):
+    """torch.save reports a failed write of a large tensor as a RuntimeError, not OSError:
+    the same clean error, the old file untouched, no temp file left."""
+    target = tmp_path / "last.pt"
+    torch.save({"w": torch.zeros(10)}, target)
+    before = target.read_bytes()
+    e = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, "-c", SAVE_BIG, str(target)], cwd=ROOT, env=e,
+                       capture_output=True, text=True, timeout=120,
+                       preexec_fn=_fsize_limit(1_000_000))
+    assert p.returncode == 0, p.stderr
+    assert f"cannot write checkpoint {target}" in p.stdout and "intact" in p.stdout, p.stdout
+    assert target.read_bytes() == before
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["last.pt"]
+
+
+def test_disk_full_while_logging(tmp_path, synth_pair):
+    """The metrics log hits the file size limit before any checkpoint: a clean error."""
+    cfg = config(tmp_path, synth_pair[0], train={"batch_frames": 600, "log_every": 1},
+                 checkpoint={"every_steps": 0})
+    e = dict(os.environ, PYTHONPATH=str(ROOT))
+    run = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "rnntrain", "train", cfg, f"run.dir={run}"],
+                       cwd=ROOT, env=e, capture_output=True, text=True, timeout=300,
+                       preexec_fn=_fsize_limit(1500))
+    assert_clean_error(p, "cannot write", "metrics.jsonl", "File too large")
+    assert not list(run.glob("checkpoints/*")), "nothing should have been checkpointed"
+
+
+def _spiky_run(tmp_path, spike_seqs, **train_section):
+    """A run folder whose resumable checkpoint ignores input feature 0 (its input weights
+    are zero) and a data file where feature 0 is 0 except in ``spike_seqs``, where it is
+    1e30: the forward pass stays finite, but the gradient of those weights (1e30 x the
+    backpropagated error) has a non-finite norm. Returns (config, run folder)."""
+    parts = good_parts(n=12)
+    x = parts["inputs"].copy()
+    x[:, 0] = 0.0
+    good = write_nc(tmp_path / "good.nc", dict(parts, inputs=x.copy()))
+    offs = np.concatenate([[0], np.cumsum(parts["lengths"])])
+    for s in spike_seqs:
+        x[offs[s]:offs[s + 1], 0] = 1e30
+    spiky = write_nc(tmp_path / "spiky.nc", dict(parts, inputs=x))
+    sections = {"train": {"batch_frames": 40, "epochs": 1, **train_section},
+                "checkpoint": {"every_steps": 1, "keep_last": 100}}
+    first = tmp_path / "first"
+    p = train(config(tmp_path, good, name="good.toml", **sections), f"run.dir={first}")
+    assert p.returncode == 0, p.stderr[-2000:]
+    ck = torch.load(first / "checkpoints" / "last.pt", weights_only=True)
+    for k, v in ck["model"].items():
+        if k.startswith("rnn") and "weight_ih_l0" in k:
+            v[:, 0] = 0.0
+    ck["state"].update(epoch=0, pos=0, step=0)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    torch.save(ck, run / "checkpoints" / "step-00000000.pt")
+    return config(tmp_path, spiky, **sections), run
+
+
+def test_nan_step_skipped_and_counted(tmp_path):
+    """A step with a non-finite gradient is skipped: the weights and optimizer state after
+    it equal those before it (step checkpoints every step), the next step changes them,
+    and it is counted in the log and the checkpoint."""
+    cfg, run = _spiky_run(tmp_path, [5])
+    p = train(cfg, f"run.dir={run}", "--resume", "auto")
+    assert p.returncode == 0, p.stderr[-3000:]
+    skipped = [ln for ln in p.stderr.splitlines() if "update skipped" in ln]
+    assert len(skipped) == 1 and "utt5" in skipped[0], p.stderr[-3000:]
+    bad_step = int(skipped[0].split("step ")[1].split(":")[0])
+    cks = {s: torch.load(run / "checkpoints" / f"step-{s:08d}.pt", weights_only=True)
+           for s in range(bad_step - 1, bad_step + 2)}
+    prev, after, nxt = cks[bad_step - 1], cks[bad_step], cks[bad_step + 1]
+    assert after["state"]["bad_total"] == 1 and prev["state"].get("bad_total", 0) == 0
+    for k, v in prev["model"].items():
+        assert torch.equal(v, after["model"][k]), f"a skipped step changed {k}"
+    for i, st in prev["optim"]["state"].items():
+        for k, v in st.items():
+            assert torch.equal(v, after["optim"]["state"][i][k]), f"optimizer {i}.{k} changed"
+    assert any(not torch.equal(v, nxt["model"][k]) for k, v in after["model"].items())
+    assert all(torch.isfinite(v).all() for v in nxt["model"].values())
+    assert "update skipped" in (run / "train.log").read_text()
+
+
+def test_nan_steps_in_a_row_stop_the_run(tmp_path):
+    cfg, run = _spiky_run(tmp_path, range(12), max_bad_steps=2)
+    p = train(cfg, f"run.dir={run}", "--resume", "auto")
+    assert_clean_error(p, "2 steps in a row with NaN/Inf", "train.max_bad_steps = 2",
+                       "sequences utt")
+
+
+def test_infeasible_targets_filtered_and_reported_once(tmp_path):
+    parts = good_parts(n=8)
+    targets = list(parts["targets"])
+    targets[2] = " ".join(["a", "b"] * 10)  # 20 labels > 16 frames
+    targets[6] = " ".join(["a"] * 14)       # 14 labels + 13 blanks between repeats > 24
+    parts["targets"] = targets
+    path = write_nc(tmp_path / "t.nc", parts)
+    val = write_nc(tmp_path / "v.nc", dict(parts, tags=[f"v{i}" for i in range(8)]))
+    p = train(config(tmp_path, path, val=val), f"run.dir={tmp_path / 'run'}")
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [ln for ln in p.stderr.splitlines() if "too short for their targets" in ln]
+    assert len(lines) == 2, lines
+    assert "train: skipping 2 of 8" in lines[0] and "utt2, utt6" in lines[0]
+    assert "val: skipping 2 of 8" in lines[1] and "v2, v6" in lines[1]
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert log.count("too short for their targets") == 2
+    assert "nan" not in (tmp_path / "run" / "metrics.jsonl").read_text().lower()
+
+
+def test_decode_out_folder_missing(tmp_path, trained, good_nc):
+    _, run = trained
+    out = tmp_path / "no" / "hyps.tsv"
+    p = run_cli("rnntrain", "decode", run / "checkpoints" / "last.pt", good_nc[0], "--out", out)
+    assert_clean_error(p, f"--out {out}: its folder does not exist")
+    p = run_cli("rnntrain", "decode", run / "checkpoints" / "last.pt", good_nc[0], "--out",
+                tmp_path / "hyps.tsv")
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = (tmp_path / "hyps.tsv").read_text().splitlines()
+    assert [ln.split("\t")[0] for ln in lines] == [f"utt{i}" for i in range(6)]
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["hyps.tsv"]  # no temp file left

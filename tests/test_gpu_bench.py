@@ -1,0 +1,21 @@
+"""The GPU benchmark's code paths, run small on CPU (its figures come from a GPU)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import bench.gpu as gpu
+
+
+def test_measure_runs_end_to_end_and_ceiling_on_cpu(tmp_path):
+    path = gpu.write_data(str(tmp_path / "t.nc"), 40, input_size=6, labels=5)
+    r = gpu.measure(path, "cpu", "fp32", 1500, layers=1, hidden=8, run_dir=str(tmp_path / "r"))
+    assert r["fps"] > 0 and r["ceiling"] > 0 and r["share"] == r["fps"] / r["ceiling"]
+    assert r["padding"] >= 1.0
+
+
+def test_section_without_cuda_says_not_measured():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the real section comes from `python -m bench.gpu`")
+    text = gpu.run(quick=True)
+    assert "Not measured yet" in text and "python -m bench.gpu" in text

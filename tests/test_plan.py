@@ -1,0 +1,172 @@
+"""Epoch plans: deterministic, disjoint and complete across ranks, equal step counts.
+
+Plans are pure functions of metadata, so most tests build Datasets from length arrays
+(the same Dataset class the readers fill); one test plans a real sharded dataset.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rnntrain.dataset import Chunk, Dataset, virtual_chunks
+from rnntrain.errors import UserError
+from rnntrain.plan import chunk_order, make_plan, padding_ratio
+
+
+def speech_lengths(n: int, seed: int = 0) -> np.ndarray:
+    """Log-normal lengths like utterances (median ~300 frames, long tail)."""
+    rng = np.random.default_rng(seed)
+    return np.clip(rng.lognormal(np.log(300), 0.5, n), 20, 3000).astype(np.int64)
+
+
+def single(lengths: np.ndarray, chunk_frames: int) -> Dataset:
+    n = len(lengths)
+    chunks = virtual_chunks("x.nc", lengths, chunk_frames)
+    return Dataset("x.nc", ["a"], 1, lengths, [np.zeros(1, np.int32)] * n, [""] * n, chunks,
+                   [list(range(len(chunks)))])
+
+
+def sharded(lengths: np.ndarray, n_shards: int, per_chunk: int, within: str = "sorted",
+            chunk_sizes=None) -> Dataset:
+    """What the shard tool writes: sorted positions dealt round-robin, cut into chunks of
+    ``per_chunk`` sequences (or per-shard ``chunk_sizes``), global ids consecutive."""
+    order = np.argsort(lengths, kind="stable")
+    shards_src = [order[r::n_shards] for r in range(n_shards)]
+    rng = np.random.default_rng(5)
+    if within == "shuffle":
+        shards_src = [rng.permutation(s) for s in shards_src]
+    lens, chunks, shards, first = [], [], [], 0
+    for s, src in enumerate(shards_src):
+        sizes = chunk_sizes[s] if chunk_sizes else [per_chunk] * (-(-len(src) // per_chunk))
+        ids, a = [], 0
+        for size in sizes:
+            part = src[a:a + size]
+            a += size
+            if not len(part):
+                continue
+            ids.append(len(chunks))
+            chunks.append(Chunk(f"s{s}.nc", np.arange(first, first + len(part)), 0,
+                                int(lengths[part].sum()), 0))
+            lens.append(lengths[part])
+            first += len(part)
+        assert a >= len(src)
+        shards.append(ids)
+    lens = np.concatenate(lens)
+    n = len(lens)
+    return Dataset("m.json", ["a"], 1, lens, [np.zeros(1, np.int32)] * n, [""] * n, chunks,
+                   shards, within=within)
+
+
+def check_plans(ds: Dataset, keep: np.ndarray, world: int, batch_frames: int, seed=3, epoch=1):
+    plans = [make_plan(ds, keep, batch_frames, seed, epoch, r, world) for r in range(world)]
+    # equal step counts by construction
+    assert len({len(p) for p in plans}) == 1
+    # disjoint and complete over the kept sequences
+    ids = [s for p in plans for step in p for s in step.seqs]
+    assert sorted(ids) == np.flatnonzero(keep).tolist()
+    for r, p in enumerate(plans):
+        order = chunk_order(p)          # asserts each chunk is visited once, contiguously
+        for step in p:
+            assert all(s in set(ds.chunks[step.chunk].seqs.tolist()) for s in step.seqs)
+        # only the rank's own shards (sharded datasets)
+        if len(ds.shards) > 1:
+            mine = {k for s, sh in enumerate(ds.shards) if s % world == r for k in sh}
+            assert set(order) <= mine
+    # deterministic: the same arguments give the same plan
+    assert plans[0] == make_plan(ds, keep, batch_frames, seed, epoch, 0, world)
+    # global batches respect the padded-frame budget (unless one position alone exceeds it)
+    for k in range(len(plans[0])):
+        batch = [s for p in plans for s in p[k].seqs]
+        if batch:
+            longest = int(ds.lengths[batch].max())
+            per_rank = max(len(p[k].seqs) for p in plans)
+            assert per_rank == 1 or len(batch) * longest <= batch_frames
+    return plans
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_single_file_plans(world):
+    lengths = speech_lengths(1500)
+    ds = single(lengths, 60_000)
+    keep = np.ones(len(lengths), bool)
+    keep[::17] = False                       # infeasible sequences are left out
+    plans = check_plans(ds, keep, world, 12_000)
+    assert plans[0] != make_plan(ds, keep, 12_000, 3, 2, 0, world)   # epochs differ
+
+
+@pytest.mark.parametrize("within", ["sorted", "shuffle"])
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_sharded_plans(within, world):
+    lengths = speech_lengths(2003, seed=1)  # 2003 = 4 × 500 + 3: a remainder to deal
+    ds = sharded(lengths, 4, 120, within)
+    keep = np.ones(ds.num_seqs, bool)
+    keep[::13] = False
+    check_plans(ds, keep, world, 24_000)
+
+
+def test_sharded_needs_multiple_of_world():
+    ds = sharded(speech_lengths(100), 4, 50)
+    with pytest.raises(UserError, match="4 shards cannot be dealt evenly to 3 ranks"):
+        make_plan(ds, np.ones(100, bool), 5000, 1, 0, 0, 3)
+
+
+def test_unaligned_chunks_still_plannable():
+    """A hand-made manifest whose shards are cut at different positions."""
+    lengths = speech_lengths(400, seed=2)
+    ds = sharded(lengths, 2, 0, chunk_sizes=[[50, 150, 0], [120, 20, 60]])
+    check_plans(ds, np.ones(400, bool), 2, 8000)
+    check_plans(ds, np.ones(400, bool), 1, 8000)
+
+
+def step_spread(plans, lengths) -> float:
+    """Mean over steps of (max − min)/max of the ranks' padded step cost."""
+    out = []
+    for k in range(len(plans[0])):
+        cost = [len(p[k].seqs) * int(lengths[list(p[k].seqs)].max()) if p[k].seqs else 0
+                for p in plans]
+        out.append((max(cost) - min(cost)) / max(max(cost), 1))
+    return float(np.mean(out))
+
+
+def test_sorted_shards_balance_steps_and_padding():
+    """Ours (sorted shards, length-grouped batches) vs the RNNLIB recipe (shuffled
+    within shards, consecutive batches): the ranks' step costs agree and padding is low."""
+    lengths = speech_lengths(8000, seed=3)
+    keep = np.ones(8000, bool)
+    ours = sharded(lengths, 8, 500, "sorted")
+    rnnlib = sharded(lengths, 8, 500, "shuffle")
+    p_ours = [make_plan(ours, keep, 40_000, 1, 0, r, 8) for r in range(8)]
+    p_rnnlib = [make_plan(rnnlib, keep, 40_000, 1, 0, r, 8) for r in range(8)]
+    assert step_spread(p_ours, ours.lengths) < 0.05
+    assert step_spread(p_rnnlib, rnnlib.lengths) > 0.3
+    assert padding_ratio([s for p in p_ours for s in p], ours.lengths) < 1.05
+    assert padding_ratio([s for p in p_rnnlib for s in p], rnnlib.lengths) > 1.5
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 300), shards=st.sampled_from([1, 2, 3, 4, 6]),
+       per_chunk=st.integers(1, 80), budget=st.integers(50, 5000),
+       within=st.sampled_from(["sorted", "shuffle"]), seed=st.integers(0, 2**31),
+       drop=st.integers(0, 5))
+def test_plan_properties(n, shards, per_chunk, budget, within, seed, drop):
+    if n < shards:
+        n = shards
+    lengths = np.random.default_rng(seed).integers(1, 400, n)
+    ds = sharded(lengths, shards, per_chunk, within)
+    keep = np.ones(n, bool)
+    if drop:
+        keep[::drop + 1] = False
+    for world in [w for w in (1, 2, 3) if shards % w == 0]:
+        check_plans(ds, keep, world, budget, seed=seed)
+
+
+def test_real_manifest_plan(tmp_path, synth_pair):
+    """The shard tool's output plans the same way on 1, 2 and 4 ranks."""
+    from data_tools.shard import shard
+    man = shard([str(synth_pair[0])], 4, str(tmp_path / "d"), chunk_seqs=10)
+    ds = Dataset.open(str(man))
+    keep = ds.feasible(1)
+    for world in (1, 2, 4):
+        check_plans(ds, keep, world, 800)

@@ -1,0 +1,334 @@
+"""The worker pool and the training step it runs: gradients against an independent
+serial computation, bit-identical repeats, a barrier stress test, error propagation,
+clean shutdown, task sizing, and SIGINT/SIGTERM at a batch boundary."""
+from __future__ import annotations
+
+import faulthandler
+import itertools
+import json
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from rnntrain.model import CTCModel, ctc_loss_sum
+from rnntrain.scheduler import (CostModel, Task, TaskError, WorkerPool, default_threads,
+                                split_tasks)
+from rnntrain.step import FlatGrad, TaskComputer
+
+from conftest import ROOT
+
+
+def _batch(seed=0, n=14, f=6, labels=5):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(6, 30, n)
+    frames = [rng.normal(size=(t, f)).astype(np.float32) for t in lengths]
+    targets = [rng.integers(0, labels, int(rng.integers(1, t // 3 + 1))) for t in lengths]
+    return lengths, frames, targets
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return CTCModel(6, 5, layers=2, hidden=12, bidirectional=True)
+
+
+def _pool_gradient(model, lengths, frames, targets, workers, n_tasks):
+    """The training step's gradient: tasks on the pool, fixed-order reduce."""
+    comp = TaskComputer(model, torch.device("cpu"))
+    flat = FlatGrad(list(model.parameters()), torch.device("cpu"))
+    groups = split_tasks(range(len(lengths)), lengths, n_tasks)
+    tasks = [Task(j, g, ([frames[s] for s in g], [targets[s] for s in g]))
+             for j, g in enumerate(groups)]
+    comp.ensure_buffers(len(tasks))
+    with WorkerPool(comp, workers) as pool:
+        results, _ = pool.run(tasks)
+    flat.reduce_tasks(comp.buffers[: len(tasks)], results)
+    return flat.grad.clone(), flat.stats
+
+
+def _serial_gradient(model, frames, targets):
+    """Independent reference: each sequence alone (no padding, no pool, no task split),
+    float64, plain backward; summed over the batch."""
+    ref = CTCModel(6, 5, layers=2, hidden=12, bidirectional=True).double()
+    ref.load_state_dict(model.state_dict())
+    ref.train()
+    loss_sum = 0.0
+    for x, t in zip(frames, targets):
+        lp, ol = ref(torch.from_numpy(x).double().unsqueeze(1), torch.tensor([len(x)]))
+        loss = ctc_loss_sum(lp, ol, [t], ref.blank)
+        loss.backward()
+        loss_sum += float(loss.detach())
+    return torch.cat([p.grad.reshape(-1) for p in ref.parameters()]), loss_sum
+
+
+@pytest.mark.parametrize("workers", [1, 2, 8])
+def test_pool_gradient_equals_serial_gradient(workers):
+    lengths, frames, targets = _batch()
+    model = _model()
+    grad, stats = _pool_gradient(model, lengths, frames, targets, workers, 2 * workers)
+    ref, ref_loss = _serial_gradient(model, frames, targets)
+    rel = float(torch.linalg.vector_norm(grad.double() - ref) / torch.linalg.vector_norm(ref))
+    assert rel <= 1e-6, rel
+    assert stats[0] == pytest.approx(ref_loss, rel=1e-6)
+    assert stats[1:3] == (len(frames), int(lengths.sum()))
+
+
+def test_gradient_bit_identical_across_runs_and_worker_counts():
+    """Same tasks → the same bits whatever the number of workers or the thread timing."""
+    lengths, frames, targets = _batch(seed=1, n=20)
+    model = _model(1)
+    first, _ = _pool_gradient(model, lengths, frames, targets, 1, 6)
+    for workers in (1, 2, 8, 2, 8):
+        again, _ = _pool_gradient(model, lengths, frames, targets, workers, 6)
+        assert torch.equal(again, first), workers
+
+
+def test_input_noise_keeps_padding_zero_and_is_deterministic():
+    lengths, frames, targets = _batch(seed=2, n=6)
+    model = _model(2)
+    seen = []
+    orig = model.forward
+
+    def spy(x, lens, gen=None):
+        seen.append(x.clone())
+        return orig(x, lens, gen)
+    model.forward = spy
+    comp = TaskComputer(model, torch.device("cpu"), input_noise=0.5)
+    comp.ensure_buffers(1)
+    comp.key = (1, 0, 3)
+    task = Task(0, tuple(range(6)), (frames, targets))
+    comp(0, task)
+    comp(0, task)
+    x = seen[0]
+    assert torch.equal(seen[0], seen[1])
+    order = sorted(range(len(frames)), key=lambda j: -len(frames[j]))  # the worker's order
+    for col, i in enumerate(order):
+        n = len(frames[i])
+        assert not x[n:, col].any()
+        assert not torch.equal(x[:n, col], torch.from_numpy(frames[i]))
+
+
+def test_stress_random_delays_no_deadlock_no_loss_no_early_release():
+    """8 workers, thousands of tiny batches, random delays: every task runs exactly once,
+    within its own batch, and run() returns only with every worker idle."""
+    workers, batches = 8, 2000
+    state = {"batch": -1}
+    log_lock = threading.Lock()
+    done: list[tuple[int, int]] = []
+    violations: list[str] = []
+    rng = random.Random(4)
+    delays = [rng.random() * 2e-4 for _ in range(997)]
+
+    def fn(w, task):
+        b, i = task.payload
+        if state["batch"] != b:
+            violations.append(f"task {b}/{i} started outside its batch")
+        if delays[(b * 31 + i) % len(delays)] > 1e-4:
+            time.sleep(delays[(b * 31 + i) % len(delays)])  # a slow task
+        with log_lock:
+            done.append((b, i))
+        if state["batch"] != b:
+            violations.append(f"task {b}/{i} still running after the barrier")
+        return (b, i, w)
+
+    faulthandler.dump_traceback_later(120, exit=True)  # a deadlock fails, never hangs
+    try:
+        pool = WorkerPool(fn, workers)
+        sizes = [rng.choice([1, 1, 2, 3, 8, 9, 17]) for _ in range(batches)]
+        for b, n in enumerate(sizes):
+            state["batch"] = b
+            results, timing = pool.run([Task(i, (i,), (b, i)) for i in range(n)])
+            with pool._lock:
+                assert pool._idle == workers and pool._pending == 0 and not pool._queue
+            state["batch"] = -1
+            assert [r[:2] for r in results] == [(b, i) for i in range(n)]
+            assert len(timing.busy_s) == workers and all(x >= 0 for x in timing.idle_s)
+        pool.close()
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    assert not violations, violations[:5]
+    assert sorted(done) == [(b, i) for b, n in enumerate(sizes) for i in range(n)]
+
+
+def test_failing_task_names_worker_and_sequences_pool_stays_usable():
+    def fn(w, task):
+        if 13 in task.seqs:
+            raise ValueError("bad frame")
+        return sum(task.seqs)
+
+    before = set(threading.enumerate())
+    pool = WorkerPool(fn, 3, name="failpool")
+    tasks = [Task(i, (10 + 2 * i, 11 + 2 * i)) for i in range(6)]
+    with pytest.raises(TaskError, match=r"worker \d+ failed on task 1 \(sequences \[12, 13\]\)"
+                                        r".*ValueError: bad frame"):
+        pool.run(tasks)
+    results, _ = pool.run([Task(0, (1, 2)), Task(1, (3,))])
+    assert results == [3, 3]
+    pool.close()
+    assert set(threading.enumerate()) == before
+
+
+def test_close_joins_every_thread_and_is_idempotent():
+    pool = WorkerPool(lambda w, t: w, 8, name="joinpool")
+    names = {t.name for t in threading.enumerate()}
+    assert {f"joinpool-{w}" for w in range(8)} <= names
+    pool.run([Task(i, (i,)) for i in range(20)])
+    pool.close()
+    pool.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("joinpool")]
+
+
+def test_on_start_runs_once_on_each_worker_thread():
+    seen = []
+    lock = threading.Lock()
+
+    def on_start(w):
+        with lock:
+            seen.append((w, threading.current_thread().name))
+    with WorkerPool(lambda w, t: threading.current_thread().name, 4, name="st",
+                    on_start=on_start) as pool:
+        res, _ = pool.run([Task(i, ()) for i in range(12)])
+    assert sorted(seen) == [(w, f"st-{w}") for w in range(4)]
+    assert set(res) <= {f"st-{w}" for w in range(4)}
+
+
+# ---- task sizing -------------------------------------------------------------------
+
+def _brute_bottleneck(lens, k, cost):
+    """Smallest possible costliest group over every contiguous cut into <= k groups."""
+    best = float("inf")
+    n = len(lens)
+    for g in range(1, min(k, n) + 1):
+        for cuts in itertools.combinations(range(1, n), g - 1):
+            b = (0, *cuts, n)
+            worst = max(cost(b[i + 1] - b[i], lens[b[i]]) for i in range(g))
+            best = min(best, worst)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_split_tasks_partitions_and_is_balanced(seed):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 60, 9)
+    cost = CostModel(1.0, float(rng.uniform(0, 3)), 0.0)
+    seqs = [int(s) for s in rng.permutation(9)]
+    k = int(rng.integers(1, 6))
+    groups = split_tasks(seqs, lengths, k, cost)
+    flat = [s for g in groups for s in g]
+    assert sorted(flat) == sorted(seqs) and len(groups) <= k
+    order = sorted(seqs, key=lambda s: (-lengths[s], s))
+    assert flat == order  # contiguous runs of the longest-first order
+    lens = [int(lengths[s]) for s in order]
+    worst = max(cost(len(g), int(lengths[g[0]])) for g in groups)
+    assert worst <= _brute_bottleneck(lens, k, cost) * (1 + 1e-5)
+    assert split_tasks(seqs, lengths, k, cost) == groups
+
+
+def test_split_tasks_no_pointless_tiny_tasks():
+    """A task is only added when it shortens the predicted batch time (overhead c)."""
+    lengths = np.array([10, 9, 9, 8, 8, 7])
+    cost = CostModel(1.0, 0.0, 20.0)  # a task's overhead: 20 frames
+    # one worker: splitting only adds overhead
+    assert split_tasks(range(6), lengths, 8, cost, workers=1) == [tuple(range(6))]
+    # two workers: 2 tasks (50 and 44) beat 1 (71) and 3 (40 + 38 | 36 → 74)
+    assert split_tasks(range(6), lengths, 8, cost, workers=2) == [(0, 1, 2), (3, 4, 5)]
+    # no overhead, three workers: three tasks (20, 18, 16) beat two (30, 24)
+    assert len(split_tasks(range(6), lengths, 3, CostModel(), workers=3)) == 3
+    big = np.full(40, 100)  # 8 tasks of 520 beat 16 of 270 on 8 workers (2 rounds: 540)
+    assert len(split_tasks(range(40), big, 16, cost, workers=8)) == 8
+    assert split_tasks([], lengths, 4, cost) == []
+
+
+def test_cost_model_fit_recovers_coefficients():
+    rng = np.random.default_rng(0)
+    n = rng.integers(1, 30, 40)
+    t = rng.integers(5, 300, 40)
+    y = 2e-6 * n * t + 5e-5 * n + 1e-3
+    m = CostModel.fit(n, t, y)
+    assert m.a == 1.0
+    assert m.b == pytest.approx(25.0, rel=1e-6) and m.c == pytest.approx(500.0, rel=1e-6)
+
+
+def test_default_threads_fill_the_cores():
+    import os
+    cores = len(os.sched_getaffinity(0))
+    assert default_threads(0, 1) == (cores, 1)
+    assert default_threads(0, 2) == (max(1, cores // 2), 2)
+    assert default_threads(3, 1) == (3, 1)
+    assert default_threads(0, 1, ranks_per_node=cores * 2) == (1, 1)
+
+
+# ---- stop at a batch boundary ------------------------------------------------------
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_cleanly_at_a_batch_boundary(synth_pair, tmp_path, sig):
+    train, val = synth_pair
+    cfg = tmp_path / "exp.toml"
+    cfg.write_text(f'[data]\ntrain = "{train}"\nval = "{val}"\n[model]\nlayers = 1\n'
+                   f'hidden = 8\n[train]\nepochs = 200\nbatch_frames = 300\nlog_every = 1\n'
+                   f'threads = 2\n')
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "rnntrain", "train", str(cfg),
+                             f"run.dir={run}"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        metrics = run / "metrics.jsonl"
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "training did not start"
+            time.sleep(0.1)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    log = (run / "train.log").read_text()
+    assert f"stopped by {sig.name} after step" in log
+    step = int(log.split(f"stopped by {sig.name} after step ")[1].split(";")[0])
+    assert (run / "checkpoints" / f"step-{step:08d}.pt").exists()
+    recs = [json.loads(x) for x in metrics.read_text().splitlines()]
+    train_recs = [r for r in recs if r.get("split") == "train"]
+    assert train_recs[-1]["step"] == step  # the last finished step was logged, no partial one
+    assert "Traceback" not in err
+    r = train_recs[-1]
+    assert len(r["worker_compute_s"]) == 2 and r["barrier_wait_s"] >= 0
+
+
+def test_training_runs_are_bit_identical_with_two_workers(synth_pair, tmp_path):
+    """Same config and seed → the same weights, whatever the worker threads' timing."""
+    from conftest import run_cli
+    train, val = synth_pair
+    cfg = tmp_path / "exp.toml"
+    cfg.write_text(f'[data]\ntrain = "{train}"\n[model]\nlayers = 2\nhidden = 64\n'
+                   f'[train]\nepochs = 2\nbatch_frames = 3000\nthreads = 2\n'
+                   f'input_noise = 0.1\nlog_every = 1\n')
+    weights = []
+    for name in ("a", "b"):
+        r = run_cli("rnntrain", "train", cfg, f"run.dir={tmp_path / name}")
+        assert r.returncode == 0, r.stderr
+        ck = torch.load(tmp_path / name / "checkpoints" / "last.pt", weights_only=True)
+        weights.append(ck["model"])
+        recs = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().split("\n")
+                if '"train"' in x]
+        # both workers computed in every step of 2+ sequences: the batches really were split
+        assert all(min(r["worker_compute_s"]) > 0 for r in recs if r["seqs"] > 1)
+        assert sum(r["seqs"] > 1 for r in recs) >= 3
+    assert weights[0].keys() == weights[1].keys()
+    for k in weights[0]:
+        assert torch.equal(weights[0][k], weights[1][k]), k
+
+
+def test_intra_threads_context_restores():
+    from rnntrain.scheduler import intra_threads, set_intra_threads
+    set_intra_threads(1)
+    with intra_threads(2):
+        assert torch.get_num_threads() == 2
+    assert torch.get_num_threads() == 1

@@ -1,0 +1,163 @@
+"""--trace: Chrome/Perfetto trace-event JSON of every thread and rank for a window of steps."""
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from rnntrain import dist, trace
+from rnntrain.reader import ChunkReader
+from rnntrain.scheduler import Task, WorkerPool
+
+from conftest import mpiexec, run_cli
+
+TINY = ["model.layers=1", "model.hidden=8", "train.batch_frames=600", "train.epochs=1",
+        "train.threads=2", "train.log_every=5", "data.chunk_frames=500"]
+
+
+def tiny_config(tmp_path, train, val=None):
+    """A small config file: the CLI takes a path (user-facing, like a real run)."""
+    p = tmp_path / "tiny.toml"
+    p.write_text(f'[data]\ntrain = "{train}"\n' + (f'val = "{val}"\n' if val else ""))
+    return p
+
+
+def _spans(doc, name, pid=None):
+    return [e for e in doc["traceEvents"] if e["ph"] == "X" and e["name"] == name
+            and (pid is None or e["pid"] == pid)]
+
+
+def _thread_names(doc, pid=0):
+    return {e["tid"]: e["args"]["name"] for e in doc["traceEvents"]
+            if e["name"] == "thread_name" and e["pid"] == pid}
+
+
+def test_disabled_tracer_records_nothing():
+    trace.configure(None)
+    assert not trace.enabled()
+    with trace.span("task", index=0) as s:
+        pass
+    assert s is trace.span("other")  # the one shared no-op object: nothing allocated
+    trace.begin_step(0)
+    trace.complete("barrier wait", 0.0, 1.0)
+    assert trace._events == []
+    assert trace.finish(dist.LocalComm()) is None
+
+
+def test_window_pool_and_reader_spans(tmp_path):
+    """Real pool and reader threads: only the steps in the window are recorded, each on
+    the thread that ran it, and each task lies inside its step's compute phase."""
+    import time
+    path = tmp_path / "t.json"
+    trace.configure(str(path), (1, 3))
+    comm = dist.LocalComm()
+    trace.attach(comm)
+    pool = WorkerPool(lambda w, t: time.sleep(0.002 * (t.index + 1)) or t.index, 2)
+    reader = ChunkReader(lambda k: {k: k}, list(range(4)))
+    try:
+        for step in range(4):
+            trace.begin_step(step)
+            t0 = time.perf_counter()
+            reader.next()
+            t1 = time.perf_counter()
+            pool.run([Task(i, (i,)) for i in range(3)])
+            t2 = time.perf_counter()
+            trace.phases(step, (t0, t1, t2, t2, t2, time.perf_counter()))
+    finally:
+        pool.close()
+        reader.close()
+    assert trace.finish(comm) == str(path)
+    doc = json.loads(path.read_text())
+    names = _thread_names(doc)
+    steps = _spans(doc, "step")
+    assert sorted(e["args"]["step"] for e in steps) == [1, 2]
+    tasks = _spans(doc, "task")
+    assert len(tasks) == 6 and {names[e["tid"]] for e in tasks} <= {"rnntrain-worker-0",
+                                                                     "rnntrain-worker-1"}
+    barrier = _spans(doc, "barrier wait")
+    assert len(barrier) == 4 and {names[e["tid"]] for e in barrier} == {
+        "rnntrain-worker-0", "rnntrain-worker-1"}
+    assert {names[e["tid"]] for e in _spans(doc, "load chunk")} == {"rnntrain-reader"}
+    assert names[_spans(doc, "compute")[0]["tid"]] == threading.main_thread().name
+    for c in _spans(doc, "compute"):
+        inside = [t for t in tasks if c["ts"] <= t["ts"] and
+                  t["ts"] + t["dur"] <= c["ts"] + c["dur"] + 1e-3]
+        assert len(inside) == 3, "every task of a step runs within its compute phase"
+
+
+def test_bad_window_is_a_user_error():
+    for text in ("5", "3:3", "a:b", "-1:2"):
+        with pytest.raises(ValueError, match="--trace-steps"):
+            trace.parse_window(text)
+
+
+def _check_train_trace(doc, pid, first, last, workers):
+    names = _thread_names(doc, pid)
+    assert "MainThread" in names.values() and "rnntrain-reader" in names.values()
+    assert {f"rnntrain-worker-{w}" for w in range(workers)} <= set(names.values())
+    steps = sorted(e["args"]["step"] for e in _spans(doc, "step", pid))
+    assert steps == list(range(first, last))
+    for phase in ("data wait", "compute", "reduce tasks", "allreduce", "update"):
+        assert len(_spans(doc, phase, pid)) == last - first, phase
+    assert _spans(doc, "task", pid) and _spans(doc, "barrier wait", pid)
+    assert _spans(doc, "load chunk", pid), "the reader's chunk loads are traced"
+    # phases of a step are contiguous and inside the step span
+    for s in _spans(doc, "step", pid):
+        ph = sorted((e for e in doc["traceEvents"] if e["pid"] == pid and e["ph"] == "X"
+                     and e["tid"] == s["tid"] and e["args"].get("step") == s["args"]["step"]
+                     and e["name"] != "step"), key=lambda e: e["ts"])
+        assert [e["name"] for e in ph] == ["data wait", "compute", "reduce tasks",
+                                           "allreduce", "update"]
+        assert ph[0]["ts"] >= s["ts"] - 1e-3
+        assert ph[-1]["ts"] + ph[-1]["dur"] <= s["ts"] + s["dur"] + 1e-2
+
+
+def test_train_trace_file(synth_pair, tmp_path):
+    train, val = synth_pair
+    out = tmp_path / "trace.json"
+    r = run_cli("rnntrain", "train", tiny_config(tmp_path, train, val), *TINY,
+                f"run.dir={tmp_path / 'run'}", "--trace", out, "--trace-steps", "0:4")
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["otherData"]["ranks"] == [0]
+    _check_train_trace(doc, 0, 0, 4, workers=2)
+
+
+def test_bad_trace_steps_cli(synth_pair, tmp_path):
+    train, _ = synth_pair
+    r = run_cli("rnntrain", "train", tiny_config(tmp_path, train), "--trace",
+                tmp_path / "t.json", "--trace-steps", "4:2")
+    assert r.returncode == 2
+    assert "--trace-steps" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.mpi
+def test_trace_merged_across_ranks(synth_pair, tmp_path):
+    if mpiexec() is None:
+        pytest.skip("mpiexec not available")
+    import subprocess
+    import sys
+    from conftest import ROOT
+    train, val = synth_pair
+    out = tmp_path / "trace.json"
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "rnntrain", "train",
+           str(tiny_config(tmp_path, train)), *TINY, "train.threads=1", f"run.dir={tmp_path / 'run'}",
+           "--trace", str(out), "--trace-steps", "1:3"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["otherData"]["ranks"] == [0, 1]
+    for pid in (0, 1):
+        _check_train_trace(doc, pid, 1, 3, workers=1)
+    # rank 0's metric lines carry every rank's step-time split (for `rnntrain report`)
+    from rnntrain.report import rank_splits
+    from rnntrain.runs import read_metrics
+    train_recs = [r for r in read_metrics(tmp_path / "run") if r["split"] == "train"]
+    assert all(len(r["ranks"]) == 2 for r in train_recs)
+    assert len(rank_splits(train_recs)) == 2
+    # the collective of a step ends at about the same moment on both ranks (aligned clocks)
+    ends = {(e["pid"], e["args"]["step"]): e["ts"] + e["dur"] for e in _spans(doc, "allreduce")}
+    for step in (1, 2):
+        assert abs(ends[(0, step)] - ends[(1, step)]) < 50_000  # µs

@@ -1,0 +1,148 @@
+"""End to end: train from a config, overfit a handful of sequences, eval and decode."""
+from __future__ import annotations
+
+import json
+import tomllib
+
+import numpy as np
+import pytest
+import torch
+
+from data_tools.synth import make_sequences, label_names
+from rnntrain import ncdata
+from rnntrain.config import load_config
+from rnntrain.dataset import Dataset
+from rnntrain.plan import make_plan, padding_ratio
+from rnntrain.train import train
+from tests.conftest import run_cli
+
+
+def _tiny(tmp_path, n=8, seed=1, name="tiny.nc", too_short=False):
+    names = label_names(5)
+    seqs = list(make_sequences(n, 5, 6, seed, mean_labels=3, noise=0.3))
+    frames = [x for x, _ in seqs]
+    targets = [" ".join(names[i] for i in t) for _, t in seqs]
+    tags = [f"utt{i}" for i in range(n)]
+    if too_short:  # 2 frames cannot carry 3 labels
+        frames.append(np.zeros((2, 6), np.float32))
+        targets.append("L00 L01 L02")
+        tags.append("short_one")
+    path = tmp_path / name
+    ncdata.write_file(path, frames, targets, names, tags)
+    return path
+
+
+def _cfg(tmp_path, data, run="run", **over):
+    ov = [f"data.train={json.dumps(str(data))}", f"data.val={json.dumps(str(data))}",
+          "model.layers=1", "model.hidden=48", "optim.lr=0.03", "train.epochs=70",
+          "train.batch_frames=60", "train.log_every=5", "train.threads=1",
+          f"run.dir={json.dumps(str(tmp_path / run))}"]
+    ov += [f"{k.replace('__', '.')}={v}" for k, v in over.items()]
+    return load_config(None, ov), ov
+
+
+def test_overfits_a_handful_to_ler_zero(tmp_path):
+    data = _tiny(tmp_path, too_short=True)
+    cfg, _ = _cfg(tmp_path, data)
+    run = train(cfg)
+    recs = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    val = [r for r in recs if r["split"] == "val"]
+    tr = [r for r in recs if r["split"] == "train"]
+    assert val[-1]["ler"] == 0.0, val[-1]
+    assert val[-1]["skipped"] == 1 and val[-1]["seqs"] == 8  # the short one skipped, counted
+    for r in tr + val:
+        assert {"split", "epoch", "step", "loss", "ler"} <= r.keys() and np.isfinite(r["loss"])
+    assert all("frames_per_s" in r for r in tr)
+    assert tr[-1]["loss"] < tr[0]["loss"] / 5
+    assert "short_one" in (run / "train.log").read_text()
+    saved = tomllib.loads((run / "config.toml").read_text())
+    assert saved["model"]["hidden"] == 48
+    for name in ("best.pt", "last.pt"):
+        assert (run / "checkpoints" / name).is_file()
+    # eval and decode through the CLI, as a user would
+    r = run_cli("rnntrain", "eval", run / "checkpoints" / "best.pt", data, "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["ler"] == 0.0 and out["seqs"] == 8 and out["skipped"] == 1
+    r = run_cli("rnntrain", "decode", run / "checkpoints" / "best.pt", data, "--beam", "4")
+    assert r.returncode == 0, r.stderr
+    lines = dict(l.split("\t") for l in r.stdout.strip().splitlines())
+    h = ncdata.read_header(data)
+    for i, tag in enumerate(h.tags[:8]):
+        assert lines[tag] == " ".join(h.labels[k] for k in h.targets[i])
+    assert lines["short_one"].startswith("<skipped")
+
+
+def _final_weights(tmp_path, run, **over):
+    data = _tiny(tmp_path, n=24, seed=3, name="det.nc")
+    cfg, _ = _cfg(tmp_path, data, run=run, train__epochs=2, train__batch_frames=150,
+                  train__input_noise=0.1, **over)
+    out = train(cfg)
+    return torch.load(out / "checkpoints" / "last.pt", weights_only=True)["model"]
+
+
+def test_same_seed_same_weights_whatever_the_thread_timing(tmp_path):
+    # two workers race for the tasks differently in every run; the task gradients are
+    # reduced in task order whoever computed them, so the weights are bit-identical
+    a = _final_weights(tmp_path, "a", train__threads=2)
+    b = _final_weights(tmp_path, "b", train__threads=2)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    c = _final_weights(tmp_path, "c", train__threads=2, train__seed=7)
+    assert any(not torch.equal(a[k], c[k]) for k in a)
+
+
+def test_plan_groups_by_length(tmp_path):
+    from data_tools.synth import write_synth
+    p = tmp_path / "s.nc"
+    write_synth(str(p), num_seqs=600, num_labels=5, input_size=4, seed=4)
+    ds = Dataset.open(str(p))
+    keep = ds.feasible()
+    steps = make_plan(ds, keep, 3000, seed=1, epoch=0)
+    ids = sorted(s for st in steps for s in st.seqs)
+    assert ids == list(np.flatnonzero(keep))  # every sequence exactly once
+    grouped = padding_ratio(steps, ds.lengths)
+    rng = np.random.default_rng(0)  # random batches of the same sizes, for comparison
+    perm = rng.permutation(np.flatnonzero(keep))
+    sizes = np.cumsum([len(st.seqs) for st in steps])[:-1]
+    rand = padding_ratio([type(steps[0])(0, tuple(b)) for b in np.split(perm, sizes)], ds.lengths)
+    assert grouped < 1.2 and rand > 1.5, (grouped, rand)
+    for st in steps:
+        assert len(st.seqs) * ds.lengths[list(st.seqs)].max() <= 3000 or len(st.seqs) == 1
+    assert make_plan(ds, keep, 3000, seed=1, epoch=0) == steps
+    assert make_plan(ds, keep, 3000, seed=1, epoch=1) != steps
+
+
+def test_cli_train_bad_data_is_one_line(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text(f'[data]\ntrain = "{tmp_path}/missing.nc"\n')
+    r = run_cli("rnntrain", "train", p, f"run.dir={json.dumps(str(tmp_path / 'r'))}")
+    assert r.returncode == 2 and "missing.nc: data file not found" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_trains_on_a_file_written_by_another_tool(tmp_path):
+    """netCDF-4, vlen strings, int16 inputs, seqDims only, another frames dimension name."""
+    import netCDF4
+    names = label_names(3)
+    seqs = list(make_sequences(12, 3, 4, 9, mean_labels=2, noise=0.2))
+    path = tmp_path / "foreign.nc"
+    with netCDF4.Dataset(path, "w", format="NETCDF4") as ds:
+        ds.createDimension("numSeqs", len(seqs))
+        ds.createDimension("frames", sum(len(x) for x, _ in seqs))
+        ds.createDimension("inputPattSize", 4)
+        ds.createDimension("numLabels", 3)
+        ds.createDimension("numDims", 1)
+        ds.createVariable("inputs", "i2", ("frames", "inputPattSize"))[:] = \
+            np.round(np.concatenate([x for x, _ in seqs]) * 100)
+        ds.createVariable("seqDims", "i4", ("numSeqs", "numDims"))[:] = \
+            np.array([[len(x)] for x, _ in seqs])
+        lab = ds.createVariable("labels", str, ("numLabels",))
+        for i, n in enumerate(names):
+            lab[i] = n
+        tgt = ds.createVariable("targetStrings", str, ("numSeqs",))
+        for i, (_, t) in enumerate(seqs):
+            tgt[i] = " ".join(names[k] for k in t)
+    cfg, _ = _cfg(tmp_path, path, run="foreign", train__epochs=2)
+    run = train(cfg)
+    recs = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert recs[-1]["split"] == "val" and recs[-1]["seqs"] == 12 and np.isfinite(recs[-1]["loss"])
