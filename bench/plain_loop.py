@@ -2,10 +2,11 @@
 
 The plain loop is what one writes from the PyTorch docs: a ``torch.utils.data.Dataset``
 over the sequences (all in memory), a standard ``DataLoader`` with random batches of 32
-padded by ``pad_sequence``, the same model (rnntrain's ``CTCModel``: the same nn.LSTM stack,
-with rnntrain's dense-batch LSTM path, which is 5-8x faster on CPU than nn.LSTM over a
-PackedSequence: the baseline gets the same kernels), the same CTC loss, the same optimizer, all cores to torch's intra-op
-threads. rnntrain runs as a user runs it (``rnntrain train CONFIG``, a fresh process).
+padded by ``pad_sequence``, the same model (rnntrain's ``CTCModel``: the same nn.LSTM
+stack, including rnntrain's dense-batch CPU LSTM path, several times faster than nn.LSTM
+over a PackedSequence: the baseline gets the same kernels), the same CTC loss and
+optimizer, and the faster of torch's default intra-op threads (one per core) and one thread.
+rnntrain runs as a user runs it (``rnntrain train CONFIG``, a fresh process).
 Frames are real frames (padding not counted); padding is padded frames / real frames
 (1.00 = none).
 
