@@ -64,7 +64,7 @@ def plain_loop(path, model_cfg, optim_cfg, seed: int = 1, max_s: float = 60.0,
     loader = torch.utils.data.DataLoader(data, batch_size=BATCH, shuffle=True,
                                          collate_fn=collate,
                                          generator=torch.Generator().manual_seed(seed))
-    real = padded = batches = 0
+    real = padded = batches = seqs = 0
     t0 = time.perf_counter()
     for x, lengths, targets in loader:
         log_probs, out_len = model(x, lengths)
@@ -77,12 +77,13 @@ def plain_loop(path, model_cfg, optim_cfg, seed: int = 1, max_s: float = 60.0,
         real += int(lengths.sum())
         padded += x.shape[0] * x.shape[1]
         batches += 1
+        seqs += len(targets)
         if time.perf_counter() - t0 > max_s:
             break
     dt = time.perf_counter() - t0
     return {"frames_per_s": real / dt, "padding": padded / real, "batches": batches,
             "frames": real,
-            "epoch_share": batches * BATCH / len(data), "threads": threads}
+            "epoch_share": seqs / len(data), "threads": threads}
 
 
 def best_plain_loop(path, model_cfg, optim_cfg, seed: int, max_s: float) -> dict:
