@@ -117,6 +117,8 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
     p.add_argument("--out", help="write the markdown here (default: docs/benchmarks.md for a "
                                  "full run, stdout otherwise)")
+    p.add_argument("--budget-scale", type=float, default=1.0,
+                   help="multiply every time budget (a slower or busy machine)")
     a = p.parse_args(argv)
     sections = available()
     if a.names:
@@ -132,7 +134,8 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     results = []
     for name, title, budget in sections:
-        left = TOTAL_BUDGET_S - (time.perf_counter() - t_start)
+        left = TOTAL_BUDGET_S * a.budget_scale - (time.perf_counter() - t_start)
+        budget *= a.budget_scale
         budget = max(10.0, min(budget, left)) if not a.names else budget
         print(f"bench: {name} (budget {budget:.0f} s) ...", file=sys.stderr, flush=True)
         text, dt, status = run_section(name, a.quick, budget)

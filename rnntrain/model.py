@@ -114,6 +114,8 @@ class CTCModel(nn.Module):
                 x = x * (mask.to(x.device) / keep)  # one mask per sequence, shared over time
             if isinstance(rnn, nn.LSTM) and x.device.type == "cpu":
                 x = lstm_padded(rnn, x, lengths)
+            elif hasattr(rnn, "forward_padded"):  # the peephole cell: padded in, padded out
+                x = rnn.forward_padded(x, lengths)
             else:
                 packed = pack_padded_sequence(x, lengths, enforce_sorted=is_sorted)
                 x, _ = pad_packed_sequence(rnn(packed)[0], total_length=x.shape[0])

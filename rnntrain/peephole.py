@@ -49,13 +49,15 @@ class _PeepholeScan(torch.autograd.Function):
     def forward(ctx, xg, R, P, clip):
         T, D, N, H4 = xg.shape
         H = H4 // 4
-        hs = xg.new_zeros(T + 1, D, N, H)        # hs[t + 1] = h_t; hs[0] = h_{-1} = 0
-        cs = xg.new_zeros(T + 1, D, N, H)        # cs[t + 1] = c_t
+        hs = xg.new_empty(T + 1, D, N, H)        # hs[t + 1] = h_t; hs[0] = h_{-1} = 0
+        cs = xg.new_empty(T + 1, D, N, H)        # cs[t + 1] = c_t
+        hs[0].zero_()
+        cs[0].zero_()
         IF = xg.new_empty(T, D, N, 2, H)         # input and forget gate activations
         G = xg.new_empty(T, D, N, H)             # tanh cell input
         O = xg.new_empty(T, D, N, H)             # output gate
         TC = xg.new_empty(T, D, N, H)            # tanh(c_t)
-        Rt = R.transpose(1, 2)                   # (D, H, 4H)
+        Rt = R.transpose(1, 2).contiguous()      # (D, H, 4H), once: bmm would copy
         p_if = P[:, None, 0:2, :]                # (D, 1, 2, H)
         p_o = P[:, None, 2, :]                   # (D, 1, H)
         for t in range(T):
@@ -88,7 +90,7 @@ class _PeepholeScan(torch.autograd.Function):
         k_3 = torch.stack([i * (1 - i) * G,                  # dA_i = k_i ⊙ dc
                            f * (1 - f) * cs[:-1],            # dA_f (0 at t = 0: c_{-1} = 0)
                            i * (1 - G * G)], dim=3)          # dA_g
-        p_if = P[:, None, 0:2, :]                            # (D, 1, 2, H)
+        p_i, p_f = P[:, None, 0], P[:, None, 1]              # (D, 1, H)
         dA = gh.new_empty(T, D, N, 4, H)
         carry = gh.new_zeros(D, N, H)                        # dE/dc_t from t + 1
         dh = gh.new_empty(D, N, H)
@@ -104,15 +106,17 @@ class _PeepholeScan(torch.autograd.Function):
                 dA[t].clamp_(-clip, clip)
             # the previous cell's error: through the forget gate and the two peepholes
             carry = torch.mul(f[t], dc)
-            carry.add_((dA[t, :, :, 0:2] * p_if).sum(2))
+            carry.addcmul_(dA[t, :, :, 0], p_i).addcmul_(dA[t, :, :, 1], p_f)
         dA4 = dA.view(T, D, N, 4 * H)
         # gradients of R (one batched matmul) and of the peepholes, from clipped errors
         dAf = dA4.permute(1, 0, 2, 3).reshape(D, T * N, 4 * H)
         hp = hs[:-1].permute(1, 0, 2, 3).reshape(D, T * N, H)
         dR = torch.bmm(dAf.transpose(1, 2), hp)
-        dP = torch.stack([(dA[:, :, :, 0] * cs[:-1]).sum((0, 2)),
-                          (dA[:, :, :, 1] * cs[:-1]).sum((0, 2)),
-                          (dA[:, :, :, 3] * cs[1:]).sum((0, 2))], dim=1)
+        # sum over time first, then over the batch: torch reduces leading dims much faster
+        # than a (0, 2) reduction over the strided product
+        dP = torch.stack([(dA[:, :, :, 0] * cs[:-1]).sum(0).sum(1),
+                          (dA[:, :, :, 1] * cs[:-1]).sum(0).sum(1),
+                          (dA[:, :, :, 3] * cs[1:]).sum(0).sum(1)], dim=1)
         return dA4, dR, dP, None
 
 

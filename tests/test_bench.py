@@ -1,0 +1,49 @@
+"""The benchmark's own arithmetic: FLOP count, the plain baseline loop, section discovery.
+
+(Speed itself is measured by ``python -m bench``, never asserted in tests.)
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rnntrain.config import ModelConfig, OptimConfig
+from rnntrain.model import CTCModel, min_frames, training_flops_per_frame
+from rnntrain.ncdata import read_header
+
+
+def test_training_flops_per_frame_counts_every_weight_matrix_once():
+    """Per frame, an LSTM/linear layer does one multiply-add per weight-matrix entry;
+    training = forward + backward = 3 x forward, 2 FLOPs per multiply-add."""
+    for inputs, labels, layers, hidden, bidir in [(40, 30, 3, 256, True), (20, 20, 2, 128, True),
+                                                   (13, 5, 1, 32, False)]:
+        model = CTCModel(inputs, labels, layers, hidden, bidir)
+        entries = sum(p.numel() for n, p in model.named_parameters() if "weight" in n)
+        assert training_flops_per_frame(inputs, hidden, layers, bidir, labels + 1) == 6 * entries
+    ref = training_flops_per_frame(40, 256, 3, True, 31)
+    assert abs(ref / 22.4e6 - 1) < 0.01  # the issue's figure for the reference model
+
+
+def test_plain_loop_trains_every_frame_and_pads_more_than_length_grouping(synth_pair):
+    from bench.plain_loop import plain_loop, rnntrain_padding
+    train, _ = synth_pair
+    h = read_header(str(train))
+    real = sum(int(n) for n, t in zip(h.lengths, h.targets) if n >= min_frames(t))
+    threads = torch.get_num_threads()
+    try:
+        res = plain_loop(train, ModelConfig(layers=1, hidden=8), OptimConfig(clip_norm=1.0),
+                         seed=1, max_s=300, threads=1)
+    finally:
+        torch.set_num_threads(threads)  # plain_loop sets the process-wide thread count
+    assert res["frames"] == real and res["epoch_share"] >= 1.0
+    assert np.isfinite(res["frames_per_s"]) and res["frames_per_s"] > 0
+    # same number of sequences per batch on average: grouping by length pads less
+    ours = rnntrain_padding(train, batch_frames=int(32 * h.lengths.mean()))
+    assert 1.0 <= ours < res["padding"]
+
+
+def test_suite_lists_sections_in_fixed_order():
+    from bench.__main__ import SECTIONS, TOTAL_BUDGET_S, available
+    names = [s[0] for s in available()]
+    assert names[:2] == ["plain_loop", "flops"] and "workloads" not in names
+    assert sum(b for _, _, b in SECTIONS) <= TOTAL_BUDGET_S
