@@ -6,8 +6,9 @@ default model (configs/default.toml: 2×128 BLSTM, 20 inputs, 20 labels, batch_f
 and on the reference model (3-layer BLSTM, 256 per direction, 40 inputs, 30 labels +
 blank, batches of 32 sequences of similar length). Settings are interleaved round by
 round so that a change in machine load hits all of them alike; the best round of each is
-reported. Also: the share of worker time idle at the barrier, and the task cost model
-fitted to measured single-task times (``scheduler.CostModel.fit``).
+reported. Also: the share of worker time idle at the barrier, the share of wall time the
+main thread spends alone in the reduce and optimizer update (workers idle), and the task
+cost model fitted to measured single-task times (``scheduler.CostModel.fit``).
 
     python -m bench.threads [--quick]
 """
@@ -50,7 +51,7 @@ def _measure(model, ds, frames, batches, threads, intra) -> dict:
     flat = FlatGrad(params, torch.device("cpu"))
     comp = TaskComputer(model, torch.device("cpu"))
     cost = cost_model_for(model)
-    real = idle = wall_tot = 0.0
+    real = idle = wall_tot = serial = 0.0
     ntasks = []
     with WorkerPool(comp, threads, intra) as pool:
         t0 = time.perf_counter()
@@ -61,15 +62,18 @@ def _measure(model, ds, frames, batches, threads, intra) -> dict:
             comp.ensure_buffers(len(tasks))
             comp.key = (1, 0, step)
             results, timing = pool.run(tasks)
+            t1 = time.perf_counter()
             flat.reduce_tasks(comp.buffers[: len(tasks)], results)
             flat.normalize_and_clip("sequences", 5.0)
             opt.step()
+            serial += time.perf_counter() - t1   # workers idle meanwhile
             real += sum(r.frames for r in results)
             idle += sum(timing.idle_s)
             wall_tot += timing.wall_s * threads
             ntasks.append(len(tasks))
         dt = time.perf_counter() - t0
-    return {"fps": real / dt, "idle": idle / max(wall_tot, 1e-9), "tasks": float(np.mean(ntasks))}
+    return {"fps": real / dt, "idle": idle / max(wall_tot, 1e-9), "tasks": float(np.mean(ntasks)),
+            "serial": serial / dt}
 
 
 def _fit_cost(model, frames_by_len, rng) -> tuple[CostModel, CostModel]:
@@ -120,12 +124,13 @@ def _section(name, model, ds, batches, rounds, lines):
     lines += [f"### {name}", "",
               f"{count_params(model):,} parameters; {len(batches)} batches, {real:,} frames "
               f"(padding {padded / real:.2f}x), best of {rounds} interleaved rounds.", "",
-              "| threads x intra_threads | frames/s | vs 1x1 | barrier idle | tasks/batch |",
-              "|---|---:|---:|---:|---:|"]
+              "| threads x intra_threads | frames/s | vs 1x1 | barrier idle | reduce + update "
+              "(main thread) | tasks/batch |",
+              "|---|---:|---:|---:|---:|---:|"]
     for s in SETTINGS:
         r = best[s]
         lines.append(f"| {s[0]}x{s[1]} | {r['fps']:,.0f} | {r['fps'] / one:.2f}x | "
-                     f"{100 * r['idle']:.1f}% | {r['tasks']:.1f} |")
+                     f"{100 * r['idle']:.1f}% | {100 * r['serial']:.1f}% | {r['tasks']:.1f} |")
     lines += ["", f"2x1 / 1x1 = {best[(2, 1)]['fps'] / one:.2f} (goal >= 1.9); 2x1 / best "
                   f"intra-op-only = {best[(2, 1)]['fps'] / intra_best:.2f} (goal >= 1.0).", "",
               f"Task cost fitted on one thread: {secs.b * 1e6:.0f} us per sequence, "

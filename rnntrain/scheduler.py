@@ -193,15 +193,16 @@ class CostModel:
     def for_model(cls, flops_per_frame: float, params: int) -> "CostModel":
         """Per-sequence and per-task overheads converted to frame equivalents of a model.
 
-        Seconds measured on this project's CPU path (bench/threads.py): ~100 µs
-        per sequence (CTC, best-path decode) and ~1 ms + 20 ns per parameter per task (the
-        oneDNN LSTM backward costs ~12 ms per 256-unit layer and direction even for one
-        frame of one sequence), divided by the time of one padded frame at ~50 GFLOP/s per
-        core. A rough guess is enough: it moves task boundaries, never what a task
-        computes; it makes a large model prefer fewer, larger tasks.
+        Seconds fitted with ``fit`` to task times measured on this project's CPU path
+        (bench/threads.py, 2x128 and 3x256 BLSTMs): ~1.2 ms + 4 ns per parameter per task
+        (Python, and the LSTM kernels' weight re-layout at every call), a per-sequence
+        term too small to resolve (20 µs assumed: CTC, best-path decode), divided by the
+        time of one padded frame at the ~110 GFLOP/s per core measured there. A rough
+        guess is enough: it moves task boundaries, never what a task computes; it makes a
+        batch too small to pay another task's overhead stay whole.
         """
-        frame_s = max(flops_per_frame, 1.0) / 50e9
-        return cls(1.0, 100e-6 / frame_s, (1e-3 + 20e-9 * params) / frame_s)
+        frame_s = max(flops_per_frame, 1.0) / 110e9
+        return cls(1.0, 20e-6 / frame_s, (1.2e-3 + 4e-9 * params) / frame_s)
 
 
 def split_tasks(seqs: Sequence[int], lengths: np.ndarray, n_tasks: int,

@@ -118,7 +118,8 @@ def cost_model_for(model) -> CostModel:
     dirs = 2 if rnn.bidirectional else 1
     flops = training_flops_per_frame(model.input_size * model.subsample, rnn.hidden_size,
                                      len(model.rnns), dirs == 2, model.num_classes)
-    return CostModel.for_model(flops / model.subsample, sum(p.numel() for p in model.parameters()))
+    params = sum(p.numel() for p in model.parameters())
+    return CostModel.for_model(flops / model.subsample, params)
 
 
 def best_path_ids(path: np.ndarray, blank: int) -> list[int]:
