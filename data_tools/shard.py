@@ -96,8 +96,12 @@ def deal(lengths: np.ndarray, shards: int, seed: int, within: str) -> list[np.nd
     order = np.lexsort((rng.random(len(lengths)), lengths))   # by length, random ties
     totals = np.zeros(shards, np.int64)
     out: list[list[int]] = [[] for _ in range(shards)]
-    for a in range(0, len(order), shards):
-        rnd = order[a:a + shards][::-1]                        # longest first
+    # the incomplete round (if N does not divide the corpus) is the shortest one: the
+    # shards that miss it lack a short sequence, and plans align shards at their end
+    first = len(order) % shards
+    cuts = sorted({0, *range(first, len(order) + 1, shards)})
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        rnd = order[a:b][::-1]                                 # longest first
         # fewest frames first; ties by shard number (deterministic)
         for i, r in zip(rnd.tolist(), np.lexsort((np.arange(shards), totals)).tolist()):
             out[r].append(i)
@@ -110,7 +114,8 @@ def deal(lengths: np.ndarray, shards: int, seed: int, within: str) -> list[np.nd
 
 def chunk_bounds(per_shard: list[np.ndarray], lengths: np.ndarray, chunk_frames: int | None,
                  chunk_seqs: int | None) -> list[int]:
-    """Position cuts shared by all shards: [0, c1, c2, …, max shard size].
+    """Position cuts shared by all shards: [0, c1, c2, …, max shard size], positions
+    counted so that every shard ends at the last one (a shorter shard starts at 1).
 
     By frames, the cut uses the longest sequence over the shards at each position, so no
     shard's chunk exceeds about ``chunk_frames`` frames.
@@ -119,8 +124,8 @@ def chunk_bounds(per_shard: list[np.ndarray], lengths: np.ndarray, chunk_frames:
     if chunk_seqs:
         return list(range(0, width, chunk_seqs)) + [width]
     longest = np.zeros(width, np.int64)
-    for s in per_shard:
-        longest[:len(s)] = np.maximum(longest[:len(s)], lengths[s])
+    for s in per_shard:   # positions aligned at the end (see deal)
+        longest[width - len(s):] = np.maximum(longest[width - len(s):], lengths[s])
     cuts, acc = [0], 0
     for i, n in enumerate(longest.tolist()):
         acc += n
@@ -216,8 +221,9 @@ def shard(paths: list[str], shards: int, out: str, chunk_frames: int | None = No
             sdir = outdir / f"shard-{s:03d}"
             sdir.mkdir(exist_ok=True)
             chunks = []
+            off = cuts[-1] - len(ids)                 # end-aligned positions
             for c, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
-                part = ids[a:b]
+                part = ids[max(a - off, 0):max(b - off, 0)]
                 if not len(part):
                     continue
                 name = f"shard-{s:03d}/chunk-{c:04d}.nc"
