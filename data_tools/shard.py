@@ -196,7 +196,7 @@ def shard(paths: list[str], shards: int, out: str, chunk_frames: int | None = No
         raise UserError("give --chunk-frames or --chunk-seqs, not both")
     if chunk_seqs is None and chunk_frames is None:
         chunk_frames = 2_000_000
-    if (chunk_frames is not None and chunk_frames < 1) or (chunk_seqs is not None and chunk_seqs < 1):
+    if any(v is not None and v < 1 for v in (chunk_frames, chunk_seqs)):
         raise UserError("--chunk-frames / --chunk-seqs must be positive")
     if within not in ("sorted", "shuffle"):
         raise UserError(f"--within must be 'sorted' or 'shuffle' (got {within!r})")

@@ -50,16 +50,20 @@ def sha256_file(path, block: int = 1 << 20) -> str:
 
 def verify_chunk(chunk: Chunk):
     """Size and sha256 of a chunk file against the manifest; DataError naming the file."""
+    verify_file(chunk.path, chunk.nbytes, chunk.sha256, "chunk file")
+
+
+def verify_file(path, nbytes: int, sha256: str, what: str):
     try:
-        size = os.path.getsize(chunk.path)
+        size = os.path.getsize(path)
     except OSError as e:
-        raise DataError(chunk.path, f"chunk file unreadable ({e.strerror or e})") from None
-    if chunk.nbytes and size != chunk.nbytes:
-        raise DataError(chunk.path, f"chunk file has {size} bytes, the manifest says "
-                                    f"{chunk.nbytes} (truncated or replaced?)")
-    if chunk.sha256 and sha256_file(chunk.path) != chunk.sha256:
-        raise DataError(chunk.path, "chunk file checksum (sha256) differs from the manifest "
-                                    "(corrupted or modified since sharding)")
+        raise DataError(path, f"{what} unreadable ({e.strerror or e})") from None
+    if nbytes and size != nbytes:
+        raise DataError(path, f"{what} has {size} bytes, the manifest says {nbytes} "
+                              "(truncated or replaced?)")
+    if sha256 and sha256_file(path) != sha256:
+        raise DataError(path, f"{what} checksum (sha256) differs from the manifest "
+                              "(corrupted or modified since sharding)")
 
 
 def _field(obj: dict, key: str, where: str, kind=None):
@@ -102,8 +106,7 @@ def read_manifest(path) -> dict:
 
 
 def read_index(path: Path, sha: str, nbytes: int) -> dict[str, np.ndarray]:
-    probe = Chunk(str(path), np.zeros(0, np.int64), 0, 0, 0, sha, nbytes)
-    verify_chunk(probe)
+    verify_file(path, nbytes, sha, "sequence index")
     try:
         with np.load(path, allow_pickle=False) as z:
             out = {k: z[k] for k in INDEX_KEYS}
@@ -118,8 +121,9 @@ def open_manifest(path) -> Dataset:
     man = read_manifest(path)
     root = path.parent
     ix = man["index"]
-    idx = read_index(root / _field(ix, "file", str(path), str), _field(ix, "sha256", str(path), str),
-                     _field(ix, "bytes", str(path), int))
+    where = str(path)
+    idx = read_index(root / _field(ix, "file", where, str), _field(ix, "sha256", where, str),
+                     _field(ix, "bytes", where, int))
     lengths = idx["lengths"].astype(np.int64)
     toff = idx["target_offsets"].astype(np.int64)
     flat = idx["targets"].astype(np.int32)

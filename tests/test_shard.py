@@ -144,6 +144,13 @@ def test_corrupted_and_truncated_chunks(tmp_path, two_inputs):
     r = run_cli("data_tools", "inspect", man)
     assert r.returncode == 2 and "FAILED" in r.stdout and "chunk-0001.nc" in r.stdout
     assert f"{len(ds.chunks) - 2} of {len(ds.chunks)} chunk files OK" in r.stdout
+    # the sequence index is checked when the dataset is opened
+    ix = tmp_path / "d" / "index.npz"
+    raw = bytearray(ix.read_bytes())
+    raw[100] ^= 1
+    ix.write_bytes(raw)
+    with pytest.raises(DataError, match=r"index\.npz.*sequence index checksum"):
+        Dataset.open(str(man))
 
 
 def test_inspect_manifest_warns_unsorted(tmp_path, two_inputs):
