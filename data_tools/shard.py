@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -242,9 +243,14 @@ def shard(paths: list[str], shards: int, out: str, chunk_frames: int | None = No
                     "sources": [{"file": os.path.abspath(p)} for p in corpus.files],
                     "index": index, "shards": entries}
         write_json_atomic(outdir / "manifest.json", manifest)
-    except OSError as e:  # disk full, permissions: a clear line, and no manifest
-        raise UserError(f"{outdir}: writing failed ({e.strerror or e}); no manifest was "
-                        "written") from None
+    except (OSError, RuntimeError) as e:
+        # disk full, permissions (netCDF-C reports a full disk as a RuntimeError, often a
+        # confusing one such as "Operation not allowed in define mode"): one clear line,
+        # the free space, and no manifest
+        free = shutil.disk_usage(outdir).free
+        raise UserError(f"{outdir}: writing failed ({getattr(e, 'strerror', None) or e}; "
+                        f"{free / 1e6:,.1f} MB free on that disk"
+                        f"{': full?' if free < 64e6 else ''}); no manifest was written") from None
     finally:
         inputs.close()
     return outdir / "manifest.json"
