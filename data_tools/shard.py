@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,8 +97,12 @@ def deal(lengths: np.ndarray, shards: int, seed: int, within: str) -> list[np.nd
     order = np.lexsort((rng.random(len(lengths)), lengths))   # by length, random ties
     totals = np.zeros(shards, np.int64)
     out: list[list[int]] = [[] for _ in range(shards)]
-    for a in range(0, len(order), shards):
-        rnd = order[a:a + shards][::-1]                        # longest first
+    # the incomplete round (if N does not divide the corpus) is the shortest one: the
+    # shards that miss it lack a short sequence, and plans align shards at their end
+    first = len(order) % shards
+    cuts = sorted({0, *range(first, len(order) + 1, shards)})
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        rnd = order[a:b][::-1]                                 # longest first
         # fewest frames first; ties by shard number (deterministic)
         for i, r in zip(rnd.tolist(), np.lexsort((np.arange(shards), totals)).tolist()):
             out[r].append(i)
@@ -110,7 +115,8 @@ def deal(lengths: np.ndarray, shards: int, seed: int, within: str) -> list[np.nd
 
 def chunk_bounds(per_shard: list[np.ndarray], lengths: np.ndarray, chunk_frames: int | None,
                  chunk_seqs: int | None) -> list[int]:
-    """Position cuts shared by all shards: [0, c1, c2, …, max shard size].
+    """Position cuts shared by all shards: [0, c1, c2, …, max shard size], positions
+    counted so that every shard ends at the last one (a shorter shard starts at 1).
 
     By frames, the cut uses the longest sequence over the shards at each position, so no
     shard's chunk exceeds about ``chunk_frames`` frames.
@@ -119,8 +125,8 @@ def chunk_bounds(per_shard: list[np.ndarray], lengths: np.ndarray, chunk_frames:
     if chunk_seqs:
         return list(range(0, width, chunk_seqs)) + [width]
     longest = np.zeros(width, np.int64)
-    for s in per_shard:
-        longest[:len(s)] = np.maximum(longest[:len(s)], lengths[s])
+    for s in per_shard:   # positions aligned at the end (see deal)
+        longest[width - len(s):] = np.maximum(longest[width - len(s):], lengths[s])
     cuts, acc = [0], 0
     for i, n in enumerate(longest.tolist()):
         acc += n
@@ -191,7 +197,7 @@ def shard(paths: list[str], shards: int, out: str, chunk_frames: int | None = No
         raise UserError("give --chunk-frames or --chunk-seqs, not both")
     if chunk_seqs is None and chunk_frames is None:
         chunk_frames = 2_000_000
-    if (chunk_frames is not None and chunk_frames < 1) or (chunk_seqs is not None and chunk_seqs < 1):
+    if any(v is not None and v < 1 for v in (chunk_frames, chunk_seqs)):
         raise UserError("--chunk-frames / --chunk-seqs must be positive")
     if within not in ("sorted", "shuffle"):
         raise UserError(f"--within must be 'sorted' or 'shuffle' (got {within!r})")
@@ -216,8 +222,9 @@ def shard(paths: list[str], shards: int, out: str, chunk_frames: int | None = No
             sdir = outdir / f"shard-{s:03d}"
             sdir.mkdir(exist_ok=True)
             chunks = []
+            off = cuts[-1] - len(ids)                 # end-aligned positions
             for c, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
-                part = ids[a:b]
+                part = ids[max(a - off, 0):max(b - off, 0)]
                 if not len(part):
                     continue
                 name = f"shard-{s:03d}/chunk-{c:04d}.nc"
@@ -236,9 +243,14 @@ def shard(paths: list[str], shards: int, out: str, chunk_frames: int | None = No
                     "sources": [{"file": os.path.abspath(p)} for p in corpus.files],
                     "index": index, "shards": entries}
         write_json_atomic(outdir / "manifest.json", manifest)
-    except OSError as e:  # disk full, permissions: a clear line, and no manifest
-        raise UserError(f"{outdir}: writing failed ({e.strerror or e}); no manifest was "
-                        "written") from None
+    except (OSError, RuntimeError) as e:
+        # disk full, permissions (netCDF-C reports a full disk as a RuntimeError, often a
+        # confusing one such as "Operation not allowed in define mode"): one clear line,
+        # the free space, and no manifest
+        free = shutil.disk_usage(outdir).free
+        raise UserError(f"{outdir}: writing failed ({getattr(e, 'strerror', None) or e}; "
+                        f"{free / 1e6:,.1f} MB free on that disk"
+                        f"{': full?' if free < 64e6 else ''}); no manifest was written") from None
     finally:
         inputs.close()
     return outdir / "manifest.json"

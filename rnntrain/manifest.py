@@ -50,16 +50,20 @@ def sha256_file(path, block: int = 1 << 20) -> str:
 
 def verify_chunk(chunk: Chunk):
     """Size and sha256 of a chunk file against the manifest; DataError naming the file."""
+    verify_file(chunk.path, chunk.nbytes, chunk.sha256, "chunk file")
+
+
+def verify_file(path, nbytes: int, sha256: str, what: str):
     try:
-        size = os.path.getsize(chunk.path)
+        size = os.path.getsize(path)
     except OSError as e:
-        raise DataError(chunk.path, f"chunk file unreadable ({e.strerror or e})") from None
-    if chunk.nbytes and size != chunk.nbytes:
-        raise DataError(chunk.path, f"chunk file has {size} bytes, the manifest says "
-                                    f"{chunk.nbytes} (truncated or replaced?)")
-    if chunk.sha256 and sha256_file(chunk.path) != chunk.sha256:
-        raise DataError(chunk.path, "chunk file checksum (sha256) differs from the manifest "
-                                    "(corrupted or modified since sharding)")
+        raise DataError(path, f"{what} unreadable ({e.strerror or e})") from None
+    if nbytes and size != nbytes:
+        raise DataError(path, f"{what} has {size} bytes, the manifest says {nbytes} "
+                              "(truncated or replaced?)")
+    if sha256 and sha256_file(path) != sha256:
+        raise DataError(path, f"{what} checksum (sha256) differs from the manifest "
+                              "(corrupted or modified since sharding)")
 
 
 def _field(obj: dict, key: str, where: str, kind=None):
@@ -102,8 +106,7 @@ def read_manifest(path) -> dict:
 
 
 def read_index(path: Path, sha: str, nbytes: int) -> dict[str, np.ndarray]:
-    probe = Chunk(str(path), np.zeros(0, np.int64), 0, 0, 0, sha, nbytes)
-    verify_chunk(probe)
+    verify_file(path, nbytes, sha, "sequence index")
     try:
         with np.load(path, allow_pickle=False) as z:
             out = {k: z[k] for k in INDEX_KEYS}
@@ -118,8 +121,9 @@ def open_manifest(path) -> Dataset:
     man = read_manifest(path)
     root = path.parent
     ix = man["index"]
-    idx = read_index(root / _field(ix, "file", str(path), str), _field(ix, "sha256", str(path), str),
-                     _field(ix, "bytes", str(path), int))
+    where = str(path)
+    idx = read_index(root / _field(ix, "file", where, str), _field(ix, "sha256", where, str),
+                     _field(ix, "bytes", where, int))
     lengths = idx["lengths"].astype(np.int64)
     toff = idx["target_offsets"].astype(np.int64)
     flat = idx["targets"].astype(np.int32)
@@ -167,17 +171,26 @@ def _positions(ds: Dataset, shard: list[int]) -> list[np.ndarray]:
 def _blocks(per_shard: list[list[np.ndarray]]) -> list[list[tuple[int, int, list[int]]]]:
     """Cut positions at every chunk boundary of any shard of the round.
 
-    Returns blocks, each a list of segments (start, stop, chunk index per shard or -1 past
-    the shard's end). A segment lies in one chunk per shard; a block ends where no shard's
-    chunk goes on, so blocks can be visited in any order and each chunk is read once.
-    With aligned chunks (what the tool writes) every block is one segment = one chunk.
+    Shards are aligned at their *end* (their longest sequences): the tool deals the
+    incomplete round of a corpus that does not divide evenly at the short end, so a
+    shorter shard lacks a short sequence at position 0, not a long one at the end.
+    Returns blocks, each a list of segments (start, stop, chunk index per shard or -1
+    where the shard has no sequence). A segment lies in one chunk per shard; a block ends
+    where no shard's chunk goes on, so blocks can be visited in any order and each chunk
+    is read once. With aligned chunks (what the tool writes) a block is one chunk.
     """
-    ends = [np.cumsum([len(c) for c in chunks]) for chunks in per_shard]
-    cuts = sorted({0}.union(*[e.tolist() for e in ends]))
+    sizes = [sum(len(c) for c in chunks) for chunks in per_shard]
+    width = max(sizes)
+    ends = [width - n + np.cumsum([len(c) for c in chunks], dtype=np.int64)
+            for n, chunks in zip(sizes, per_shard)]
+    cuts = sorted({0, *(width - n for n in sizes)}.union(*[e.tolist() for e in ends]))
     segs = []
     for a, b in zip(cuts[:-1], cuts[1:]):
-        owner = [int(np.searchsorted(e, a, side="right")) for e in ends]
-        segs.append((a, b, [j if j < len(e) else -1 for j, e in zip(owner, ends)]))
+        owner = []
+        for n, e in zip(sizes, ends):
+            j = int(np.searchsorted(e, a, side="right"))
+            owner.append(j if a >= width - n and j < len(e) else -1)
+        segs.append((a, b, owner))
     blocks: list[list] = []
     for i, seg in enumerate(segs):
         prev = segs[i - 1][2] if i else None
@@ -208,6 +221,9 @@ def plan_sharded(ds: Dataset, keep: np.ndarray, batch_frames: int, seed: int, ep
         group = [ds.shards[rnd * world + r] for r in range(world)]
         per_shard = [_positions(ds, sh) for sh in group]
         flat = [np.concatenate(p) if p else np.zeros(0, np.int64) for p in per_shard]
+        width = max(len(f) for f in flat)
+        # end-aligned positions (see _blocks): -1 marks "no sequence here"
+        flat = [np.concatenate([np.full(width - len(f), -1, np.int64), f]) for f in flat]
         for blk in _blocks(per_shard):
             blocks.append([([group[r][o[r]] if o[r] >= 0 else -1 for r in range(world)],
                             [f[a:b] for f in flat]) for a, b, o in blk])
@@ -219,7 +235,8 @@ def plan_sharded(ds: Dataset, keep: np.ndarray, batch_frames: int, seed: int, ep
                 batches = [batches[i] for i in rng.permutation(len(batches))]
             mine = pos[rank]
             for bpos in batches:
-                ids = mine[bpos[bpos < len(mine)]]
+                ids = mine[bpos]
+                ids = ids[ids >= 0]
                 ids = ids[keep[ids]]
                 ids = ids[np.argsort(-ds.lengths[ids], kind="stable")]
                 steps.append(Step(chunk_of[rank], tuple(int(s) for s in ids)))
@@ -229,10 +246,14 @@ def plan_sharded(ds: Dataset, keep: np.ndarray, batch_frames: int, seed: int, ep
 def _batches(ds: Dataset, keep: np.ndarray, pos: list[np.ndarray], batch_frames: int,
              world: int) -> list[np.ndarray]:
     """Batches (arrays of positions) of one segment, from the longest kept sequence over
-    the ranks at each position; positions where no rank keeps anything are left out."""
-    longest = np.zeros(max(len(p) for p in pos), np.int64)
+    the ranks at each position; positions where no rank keeps anything are left out.
+
+    pos: per rank, the segment's sequence ids by position (-1: none), all of one length.
+    """
+    longest = np.zeros(len(pos[0]), np.int64)
     for p in pos:
-        longest[:len(p)] = np.maximum(longest[:len(p)], np.where(keep[p], ds.lengths[p], 0))
+        ok = p >= 0
+        longest[ok] = np.maximum(longest[ok], np.where(keep[p[ok]], ds.lengths[p[ok]], 0))
     live = np.flatnonzero(longest > 0)
     return _cut(live, longest, batch_frames, world)
 

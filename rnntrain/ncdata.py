@@ -275,8 +275,12 @@ class NcWriter:
         assert self.row <= self.total
 
     def close(self):
-        with NC_LOCK:
-            self.ds.close()
+        try:
+            with NC_LOCK:
+                self.ds.close()
+        except Exception:    # e.g. the disk filled up while flushing
+            self.abort()
+            raise
         if self.row != self.total:
             self.tmp.unlink(missing_ok=True)
             raise AssertionError(f"wrote {self.row} of {self.total} frames")
@@ -286,10 +290,11 @@ class NcWriter:
 
     def abort(self):
         with NC_LOCK:
-            try:
-                self.ds.close()
-            except Exception:  # already closed or broken: the temp file is removed anyway
-                pass
+            if self.ds.isopen():
+                try:
+                    self.ds.close()
+                except Exception:  # broken (e.g. disk full): the temp file is removed anyway
+                    _leak(self.ds)
         self.tmp.unlink(missing_ok=True)
 
     def __enter__(self):
@@ -300,6 +305,14 @@ class NcWriter:
             self.close()
         else:
             self.abort()
+
+
+def _leak(ds):
+    """Keep a Dataset whose close() failed alive for good: netCDF4 would call nc_close on
+    it again when it is garbage-collected, which crashes the process (seen on a full
+    disk). The handle is small; the process exits normally instead of segfaulting."""
+    import ctypes
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(ds))
 
 
 def write_file(path, seqs: Sequence[np.ndarray], targets: Sequence[str], labels: Sequence[str],

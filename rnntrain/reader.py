@@ -6,6 +6,8 @@ chunks are resident. The consumer waits on a condition variable only when the ne
 is not complete yet. Every NetCDF call of a training process happens on this thread
 (the NetCDF/HDF5 libraries are not thread-safe). A loader error is raised in the consumer
 by the ``next()`` that wanted that chunk; ``close()`` joins the thread, mid-epoch too.
+The bound holds in memory when the consumer drops its references to the old payload
+before calling ``next()`` (the loader may start on the chunk after next at once).
 """
 from __future__ import annotations
 

@@ -133,6 +133,7 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                 trace.begin_step(state["step"])
                 t0 = time.perf_counter()
                 if step.chunk != chunk:
+                    payload = tasks = None  # drop the old chunk: at most two are resident
                     chunk, payload = reader.next()
                     assert chunk == step.chunk, "reader out of plan order"
                 t1 = time.perf_counter()

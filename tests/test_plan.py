@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from data_tools.shard import chunk_bounds, deal
 from rnntrain.dataset import Chunk, Dataset, virtual_chunks
 from rnntrain.errors import UserError
 from rnntrain.plan import chunk_order, make_plan, padding_ratio
@@ -30,20 +31,22 @@ def single(lengths: np.ndarray, chunk_frames: int) -> Dataset:
 
 def sharded(lengths: np.ndarray, n_shards: int, per_chunk: int, within: str = "sorted",
             chunk_sizes=None) -> Dataset:
-    """What the shard tool writes: sorted positions dealt round-robin, cut into chunks of
-    ``per_chunk`` sequences (or per-shard ``chunk_sizes``), global ids consecutive."""
-    order = np.argsort(lengths, kind="stable")
-    shards_src = [order[r::n_shards] for r in range(n_shards)]
-    rng = np.random.default_rng(5)
-    if within == "shuffle":
-        shards_src = [rng.permutation(s) for s in shards_src]
+    """What the shard tool writes (its own dealing and chunk cuts, without payload), or
+    shards cut into per-shard ``chunk_sizes`` like a hand-made manifest; global ids
+    consecutive over shards and chunks."""
+    shards_src = deal(lengths, n_shards, 5, within)
+    cuts = chunk_bounds(shards_src, lengths, None, per_chunk) if per_chunk else None
     lens, chunks, shards, first = [], [], [], 0
     for s, src in enumerate(shards_src):
-        sizes = chunk_sizes[s] if chunk_sizes else [per_chunk] * (-(-len(src) // per_chunk))
-        ids, a = [], 0
-        for size in sizes:
-            part = src[a:a + size]
-            a += size
+        if chunk_sizes:
+            ends = np.cumsum([0, *chunk_sizes[s]])
+            parts = [src[a:b] for a, b in zip(ends[:-1], ends[1:])]
+            assert ends[-1] >= len(src)
+        else:
+            off = cuts[-1] - len(src)
+            parts = [src[max(a - off, 0):max(b - off, 0)] for a, b in zip(cuts[:-1], cuts[1:])]
+        ids = []
+        for part in parts:
             if not len(part):
                 continue
             ids.append(len(chunks))
@@ -51,7 +54,6 @@ def sharded(lengths: np.ndarray, n_shards: int, per_chunk: int, within: str = "s
                                 int(lengths[part].sum()), 0))
             lens.append(lengths[part])
             first += len(part)
-        assert a >= len(src)
         shards.append(ids)
     lens = np.concatenate(lens)
     n = len(lens)

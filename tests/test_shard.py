@@ -59,17 +59,23 @@ def test_round_trip_bit_exact(tmp_path, two_inputs, within):
 
 
 def test_shards_balanced_and_length_classed(tmp_path, two_inputs):
-    man = shard([str(p) for p in two_inputs], 4, str(tmp_path / "d"), chunk_seqs=50)
+    n_shards = 7                                  # 1200 = 7 x 171 + 3: an incomplete round
+    man = shard([str(p) for p in two_inputs], n_shards, str(tmp_path / "d"), chunk_seqs=50)
     ds = Dataset.open(str(man))
     per_shard = [np.concatenate([ds.lengths[ds.chunks[k].seqs] for k in sh]) for sh in ds.shards]
     totals = np.array([p.sum() for p in per_shard])
     assert (totals.max() - totals.min()) / totals.max() <= 0.01
-    # position k of every shard comes from round k of the globally sorted lengths
-    srt = np.sort(ds.lengths)
-    for k in range(min(len(p) for p in per_shard)):
-        assert sorted(int(p[k]) for p in per_shard) == srt[4 * k:4 * k + 4].tolist()
-    # chunk c of every shard covers the same positions
-    assert {tuple(len(ds.chunks[k].seqs) for k in sh[:-1]) for sh in ds.shards} == {(50,) * 5}
+    # counted from the end, position k of every shard comes from the same round of the
+    # globally sorted lengths; the incomplete round is the shortest one
+    srt = np.sort(ds.lengths)[::-1]
+    assert sorted(len(p) for p in per_shard) == [171] * 4 + [172] * 3
+    for k in range(171):
+        got = sorted(int(p[len(p) - 1 - k]) for p in per_shard)
+        assert got == sorted(srt[n_shards * k:n_shards * (k + 1)].tolist())
+    # chunks hold the same positions in every shard (the first one a sequence fewer
+    # in the shards that missed the incomplete round)
+    assert {tuple(len(ds.chunks[k].seqs) for k in sh) for sh in ds.shards} == \
+        {(50, 50, 50, 22), (49, 50, 50, 22)}
 
 
 def test_deterministic_per_seed(tmp_path, two_inputs):
@@ -138,6 +144,13 @@ def test_corrupted_and_truncated_chunks(tmp_path, two_inputs):
     r = run_cli("data_tools", "inspect", man)
     assert r.returncode == 2 and "FAILED" in r.stdout and "chunk-0001.nc" in r.stdout
     assert f"{len(ds.chunks) - 2} of {len(ds.chunks)} chunk files OK" in r.stdout
+    # the sequence index is checked when the dataset is opened
+    ix = tmp_path / "d" / "index.npz"
+    raw = bytearray(ix.read_bytes())
+    raw[100] ^= 1
+    ix.write_bytes(raw)
+    with pytest.raises(DataError, match=r"index\.npz.*sequence index checksum"):
+        Dataset.open(str(man))
 
 
 def test_inspect_manifest_warns_unsorted(tmp_path, two_inputs):
