@@ -84,7 +84,8 @@ def _train(n: int, config: Path, run_dir: Path, *overrides: str, sharding: str =
 
 # ---- random sharding for the straggler comparison (the naive alternative to ours)
 
-def random_shard_plan(ds, keep, batch_frames, seed, epoch, rank=0, world=1, shuffle=True):
+def random_shard_plan(ds, keep, batch_frames, seed, epoch, rank=0, world=1, shuffle=True,
+                      round_lengths=0):
     """Each rank takes a random 1/world of the sequences and batches them alone under
     batch_frames/world; all ranks stop at the shortest plan (equal steps)."""
     from rnntrain.plan import Step, group_by_length, rng_for
@@ -170,7 +171,7 @@ def exchange_worker(mode: str, wire: str, steps: int):
         flat.grad.copy_(g)
         flat.buf[flat.numel:] = 1.0
         ex.reduce(i)
-        ex.step(opt)
+        ex.step(opt, torch.tensor(True))
         ex.publish(i)
     for i in range(2):
         one(i)

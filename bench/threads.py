@@ -67,7 +67,7 @@ def _measure(model, ds, frames, batches, threads, intra) -> dict:
             flat.normalize_and_clip("sequences", 5.0)
             opt.step()
             serial += time.perf_counter() - t1   # workers idle meanwhile
-            real += sum(r.frames for r in results)
+            real += sum(len(frames[s]) for s in b)
             idle += sum(timing.idle_s)
             wall_tot += timing.wall_s * threads
             ntasks.append(len(tasks))

@@ -20,7 +20,7 @@ from .errors import ConfigError
 class DataConfig:
     train: str = ""              # .nc file or dataset manifest.json
     val: str = ""                # validation set (same alphabet and inputPattSize)
-    test: str = ""               # optional, evaluated with the best checkpoint at the end
+    test: str = ""               # optional: scored with the best checkpoint after training
     chunk_frames: int = 2_000_000  # virtual chunk size when a single .nc file is given
 
 
@@ -61,7 +61,7 @@ class TrainConfig:
     device: str = "auto"         # "auto", "cpu", "cuda", "cuda:N"
     precision: str = "fp32"      # "fp32", "bf16", "fp16" (CUDA autocast; CTC stays fp32)
     round_lengths: int = 0       # pad batches to a ladder of N lengths per doubling; 0 = off
-    deterministic: bool = True
+    deterministic: bool = True   # CUDA: deterministic cuDNN kernels (CPU always is)
     max_bad_steps: int = 5       # NaN/Inf steps in a row before the run stops
     patience: int = 0            # stop after N validations without improvement; 0 = never
     log_every: int = 20          # steps between metric lines
@@ -84,8 +84,8 @@ class DistConfig:
 
 @dataclass
 class RunConfig:
-    dir: str = ""                # run folder; "" = runs/<config name>-<hash>
-    name: str = ""
+    dir: str = ""                # run folder; "" = runs/<name>-<overrides>-<hash>
+    name: str = ""               # names the default run folder (default: the config's name)
 
 
 @dataclass

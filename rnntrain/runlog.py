@@ -20,7 +20,7 @@ from .errors import UserError
 
 
 def default_run_dir(config_path: str | None, overrides: list[str], resolved_toml: str) -> Path:
-    """runs/<config name>[-<overrides>]-<hash of the resolved config>."""
+    """runs/<config name (or run.name)>[-<overrides>]-<hash of the resolved config>."""
     stem = Path(config_path).stem if config_path else "run"
     ov = "-".join(o.lstrip("-").split(".", 1)[-1].replace("=", "") for o in overrides
                   if not o.lstrip("-").startswith("run."))

@@ -51,6 +51,11 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     tc, rank = cfg.train, comm.rank
     device = pick_device(tc.device, comm.local_rank)
     autocast_dtype(tc.precision, device)  # fail now, not after reading data (fp16 needs CUDA)
+    if tc.deterministic and device.type == "cuda":
+        # the CPU path is deterministic by construction (fixed-order reduce, seeded tasks);
+        # on a GPU, ask cuDNN for deterministic kernels (CTC's CUDA backward has none: warn)
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+        torch.use_deterministic_algorithms(True, warn_only=True)
     # one worker feeds a GPU (its own stream); on CPU the rank's share of the cores
     workers = (tc.threads or 1) if device.type == "cuda" else \
         default_threads(tc.threads, tc.intra_threads, comm.local_size)[0]
@@ -65,8 +70,8 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
 
     # ---- run folder (rank 0 writes; resolved config saved for reproducibility)
     resolved = to_toml(cfg)
-    run_dir = Path(cfg.run.dir) if cfg.run.dir else default_run_dir(config_path, list(overrides),
-                                                                     resolved)
+    run_dir = Path(cfg.run.dir) if cfg.run.dir else default_run_dir(
+        cfg.run.name or config_path, list(overrides), resolved)
     if not resume and (why := comm.bcast_obj(ckpt.existing_run(run_dir) if rank == 0 else None)):
         raise UserError(why)  # never overwrite (and prune) another run's checkpoints
     log = RunLog(run_dir if rank == 0 else None)
@@ -220,9 +225,17 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
             if tc.patience and state["since_best"] >= tc.patience:
                 log.info(f"early stop: no improvement in {tc.patience} validations")
                 break
-        if cfg.data.test and log.folder is not None:
-            log.info(f"training done; evaluate the test set with: rnntrain eval "
-                     f"{run_dir}/checkpoints/best.pt {cfg.data.test}")
+        if cfg.data.test:  # the held-out score of the best checkpoint, once, at the end
+            test_ds = Dataset.open(cfg.data.test, cfg.data.chunk_frames)
+            check_compatible(train_ds, test_ds, "training data")
+            load_best(log, model, comm)
+            with intra_threads(workers * tc.intra_threads):
+                summ = evaluate(model, test_ds, test_ds.feasible(cfg.model.subsample),
+                                tc.batch_frames, device, comm)["best"].summary()
+            log.metrics(split="test", epoch=state["epoch"] - 1, step=state["step"], **summ)
+            log.info(f"test ({cfg.data.test}, best checkpoint): LER {summ['ler']:.4f} (sub "
+                     f"{summ['sub']:.4f} del {summ['del']:.4f} ins {summ['ins']:.4f}), seq "
+                     f"error {summ['seq_error']:.4f}, loss {summ['loss']:.3f}")
         return run_dir
     finally:  # on an error too: the bar must not redraw after the error message
         for obj in (bar, reader):
@@ -272,6 +285,17 @@ class Window:
                                             "update_s"), self.split)}}
         self.__init__(self.device)
         return rec
+
+
+def load_best(log: RunLog, model, comm):
+    """Every rank: the weights of checkpoints/best.pt (read by rank 0, then broadcast)."""
+    if log.checkpoints is not None and (log.checkpoints / "best.pt").exists():
+        model.load_state_dict(ckpt.load(log.checkpoints / "best.pt")["model"])
+    if comm.size > 1:
+        params = list(model.parameters())
+        vec = torch.nn.utils.parameters_to_vector(params).detach().cpu().numpy().copy()
+        comm.bcast_(vec, 0, what="best-checkpoint broadcast")
+        torch.nn.utils.vector_to_parameters(torch.from_numpy(vec).to(params[0].device), params)
 
 
 def save(log: RunLog, cfg, model, opt, state, ds, name: str):

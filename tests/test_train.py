@@ -43,9 +43,12 @@ def _cfg(tmp_path, data, run="run", **over):
 
 def test_overfits_a_handful_to_ler_zero(tmp_path):
     data = _tiny(tmp_path, too_short=True)
-    cfg, _ = _cfg(tmp_path, data)
+    cfg, _ = _cfg(tmp_path, data, data__test=json.dumps(str(data)))
     run = train(cfg)
     recs = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    test = [r for r in recs if r["split"] == "test"]
+    assert len(test) == 1 and test[0]["ler"] == 0.0 and test[0]["skipped"] == 1
+    recs = [r for r in recs if r["split"] != "test"]
     val = [r for r in recs if r["split"] == "val"]
     tr = [r for r in recs if r["split"] == "train"]
     assert val[-1]["ler"] == 0.0, val[-1]
