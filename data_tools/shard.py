@@ -101,13 +101,15 @@ def deal(lengths: np.ndarray, shards: int, seed: int, within: str) -> list[np.nd
     # shards that miss it lack a short sequence, and plans align shards at their end
     first = len(order) % shards
     cuts = sorted({0, *range(first, len(order) + 1, shards)})
-    for a, b in zip(cuts[:-1], cuts[1:]):
+    # rounds from the longest down, so that the last corrections use the shortest
+    # sequences (the long tail would otherwise decide the final imbalance)
+    for a, b in reversed(list(zip(cuts[:-1], cuts[1:]))):
         rnd = order[a:b][::-1]                                 # longest first
         # fewest frames first; ties by shard number (deterministic)
         for i, r in zip(rnd.tolist(), np.lexsort((np.arange(shards), totals)).tolist()):
             out[r].append(i)
             totals[r] += lengths[i]
-    res = [np.array(o, dtype=np.int64) for o in out]
+    res = [np.array(o[::-1], dtype=np.int64) for o in out]    # ascending length
     if within == "shuffle":
         res = [rng.permutation(s) for s in res]
     return res

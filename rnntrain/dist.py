@@ -51,6 +51,9 @@ def launched_by_mpi(environ: Mapping[str, str] = os.environ) -> bool:
         and int(environ.get("SLURM_STEP_NUM_TASKS", environ.get("SLURM_NTASKS", "1"))) > 1
 
 
+_SPIN_S = 0.02  # busy-progress window of a collective before backing off (see _wait)
+
+
 class LocalComm:
     """One process: every collective is the identity."""
     rank, size, local_rank, local_size = 0, 1, 0, 1
@@ -202,13 +205,19 @@ class MPIComm(LocalComm):
     def _wait(self, req, what: str):
         """Complete ``req`` or abort the job naming the ranks that did not arrive.
 
-        MPI has no timed wait, so we Test with a short, growing Event-wait between tries
-        (at most 2 ms: small next to a step, and it leaves the core to the other ranks
-        on an oversubscribed node). Test also drives MPI progress for this request.
+        MPI has no timed wait, so we Test in a loop. Test also drives MPI progress (a
+        large message moves in several rounds, each needing a Test), so for the first
+        ``_SPIN_S`` we only yield the core between tries; after that a short, growing
+        Event-wait (at most 2 ms: small next to a step, and it leaves the core to the
+        other ranks of an oversubscribed node) until the deadline.
         """
         if req.Test():
             return
         start = time.monotonic()
+        while time.monotonic() - start < _SPIN_S:
+            os.sched_yield()
+            if req.Test():
+                return
         deadline, delay, asked = start + self.timeout_s, 2e-5, False
         grace = min(5.0, max(1.0, self.timeout_s / 4))
         while not req.Test():

@@ -90,9 +90,13 @@ def group_by_length(ids: np.ndarray, lengths: np.ndarray, batch_frames: int,
 
 
 def deal(batch: np.ndarray, lengths: np.ndarray, rank: int, world: int) -> tuple[int, ...]:
-    """Rank r's share of a batch: positions r, r+world, … of the length-sorted batch."""
+    """Rank r's share of a batch, dealt in snake order over the length-sorted batch
+    (ranks 0..W-1, then W-1..0, ...): plain round-robin would give rank 0 the longest
+    sequence of every round, and the others would wait for it at every step."""
     order = batch[np.argsort(-lengths[batch], kind="stable")]
-    return tuple(int(s) for s in order[rank::world])
+    pos = np.arange(len(order))
+    owner = np.where((pos // world) % 2 == 0, pos % world, world - 1 - pos % world)
+    return tuple(int(s) for s in order[owner == rank])
 
 
 def make_plan(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
