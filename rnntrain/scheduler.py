@@ -117,6 +117,9 @@ class WorkerPool:
                     self._error = (w, task, err)
                     self._pending -= len(self._queue)  # drop the rest of the batch
                     self._queue.clear()
+            # drop our references before sleeping: an idle worker must not keep the last
+            # task's frames (and so its whole chunk) alive while the reader loads the next
+            task = res = err = None
 
     def run(self, tasks: Sequence[Task]) -> tuple[list, BatchTiming]:
         """Run one batch; return the results in task order once the barrier is reached."""
