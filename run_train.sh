@@ -8,7 +8,7 @@ cd "$(dirname "$0")"
 NP=${NP:-1}
 if [ "${1:-}" = "--np" ]; then NP=$2; shift 2; fi
 CONFIG=configs/default.toml
-if [ $# -gt 0 ] && [[ "$1" != *=* ]]; then CONFIG=$1; shift; fi
+if [ $# -gt 0 ] && [[ "$1" != *=* ]] && [[ "$1" != -* ]]; then CONFIG=$1; shift; fi
 source scripts/env.sh
 if [ "$CONFIG" = configs/default.toml ]; then
   [ -f data/synth_train.nc ] || python -m data_tools synth data/synth_train.nc --seqs 3000 --seed 1
