@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
-from data_tools.shard import chunk_bounds, deal
-from rnntrain.dataset import Chunk, Dataset, virtual_chunks
+from data_tools.shard import chunk_bounds, deal, metadata_dataset, shard_chunks
+from rnntrain.dataset import Dataset, virtual_chunks
 from rnntrain.plan import make_plan, padding_ratio
 
 RANKS = 64
@@ -33,22 +33,8 @@ def sharded(lengths: np.ndarray, per_shard: list[np.ndarray], within: str,
     """A manifest-like Dataset for shards given as lists of corpus indices (what
     ``rnntrain-data shard`` writes, without the payload)."""
     cuts = chunk_bounds(per_shard, lengths, chunk_frames, None)
-    lens, chunks, shards, first = [], [], [], 0
-    for s, src in enumerate(per_shard):
-        ids = []
-        for a, b in zip(cuts[:-1], cuts[1:]):
-            part = src[a:b]
-            if len(part):
-                ids.append(len(chunks))
-                chunks.append(Chunk(f"shard-{s}", np.arange(first, first + len(part)), 0,
-                                    int(lengths[part].sum()), 0))
-                lens.append(lengths[part])
-                first += len(part)
-        shards.append(ids)
-    lens = np.concatenate(lens)
-    n = len(lens)
-    return Dataset("sim", ["a"], 1, lens, [np.zeros(1, np.int32)] * n, [""] * n, chunks,
-                   shards, within=within)
+    return metadata_dataset(lengths, [[p for _, p in shard_chunks(src, cuts)]
+                                      for src in per_shard], within)
 
 
 def simulate(ds: Dataset, batch_frames: int, ranks: int = RANKS) -> dict:

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from rnntrain import ncdata
+from rnntrain.dataset import Chunk, Dataset
 from rnntrain.errors import DataError, UserError
 from rnntrain.manifest import FORMAT, VERSION, sha256_file
 from rnntrain.plan import rng_for
@@ -113,6 +114,37 @@ def deal(lengths: np.ndarray, shards: int, seed: int, within: str) -> list[np.nd
     if within == "shuffle":
         res = [rng.permutation(s) for s in res]
     return res
+
+
+def shard_chunks(ids: np.ndarray, cuts: list[int]) -> list[tuple[int, np.ndarray]]:
+    """A shard's chunks as (chunk number, sequence indices): its slices between the shared
+    ``cuts``, positions aligned at the end (a shorter shard starts later); empty ones
+    dropped."""
+    off = cuts[-1] - len(ids)
+    parts = [(c, ids[max(a - off, 0):max(b - off, 0)])
+             for c, (a, b) in enumerate(zip(cuts[:-1], cuts[1:]))]
+    return [(c, part) for c, part in parts if len(part)]
+
+
+def metadata_dataset(lengths: np.ndarray, parts: list[list[np.ndarray]], within: str,
+                     source: str = "sim") -> Dataset:
+    """The Dataset a manifest opens as, from each shard's chunks (``parts[s]``: arrays of
+    corpus indices), without payload: for plans, simulations and tests. Global ids are
+    consecutive over shards and chunks, as in a written manifest."""
+    lens, chunks, shards, first = [], [], [], 0
+    for s, shard_parts in enumerate(parts):
+        ids = []
+        for part in shard_parts:
+            ids.append(len(chunks))
+            chunks.append(Chunk(f"{source}-shard-{s}", np.arange(first, first + len(part)), 0,
+                                int(lengths[part].sum()), 0))
+            lens.append(lengths[part])
+            first += len(part)
+        shards.append(ids)
+    lens = np.concatenate(lens)
+    n = len(lens)
+    return Dataset(source, ["a"], 1, lens, [np.zeros(1, np.int32)] * n, [""] * n, chunks,
+                   shards, within=within)
 
 
 def chunk_bounds(per_shard: list[np.ndarray], lengths: np.ndarray, chunk_frames: int | None,
@@ -224,11 +256,7 @@ def shard(paths: list[str], shards: int, out: str, chunk_frames: int | None = No
             sdir = outdir / f"shard-{s:03d}"
             sdir.mkdir(exist_ok=True)
             chunks = []
-            off = cuts[-1] - len(ids)                 # end-aligned positions
-            for c, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
-                part = ids[max(a - off, 0):max(b - off, 0)]
-                if not len(part):
-                    continue
+            for c, part in shard_chunks(ids, cuts):
                 name = f"shard-{s:03d}/chunk-{c:04d}.nc"
                 entry = write_chunk(outdir / name, inputs, part, fmt)
                 chunks.append({"file": name, **entry})

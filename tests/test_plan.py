@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from data_tools.shard import chunk_bounds, deal
-from rnntrain.dataset import Chunk, Dataset, virtual_chunks
+from data_tools.shard import chunk_bounds, deal, metadata_dataset, shard_chunks
+from rnntrain.dataset import Dataset, virtual_chunks
 from rnntrain.errors import UserError
 from rnntrain.plan import chunk_order, make_plan, padding_ratio
 
@@ -35,30 +35,16 @@ def sharded(lengths: np.ndarray, n_shards: int, per_chunk: int, within: str = "s
     shards cut into per-shard ``chunk_sizes`` like a hand-made manifest; global ids
     consecutive over shards and chunks."""
     shards_src = deal(lengths, n_shards, 5, within)
-    cuts = chunk_bounds(shards_src, lengths, None, per_chunk) if per_chunk else None
-    lens, chunks, shards, first = [], [], [], 0
-    for s, src in enumerate(shards_src):
-        if chunk_sizes:
-            ends = np.cumsum([0, *chunk_sizes[s]])
-            parts = [src[a:b] for a, b in zip(ends[:-1], ends[1:])]
+    if chunk_sizes:
+        parts = []
+        for src, sizes in zip(shards_src, chunk_sizes):
+            ends = np.cumsum([0, *sizes])
             assert ends[-1] >= len(src)
-        else:
-            off = cuts[-1] - len(src)
-            parts = [src[max(a - off, 0):max(b - off, 0)] for a, b in zip(cuts[:-1], cuts[1:])]
-        ids = []
-        for part in parts:
-            if not len(part):
-                continue
-            ids.append(len(chunks))
-            chunks.append(Chunk(f"s{s}.nc", np.arange(first, first + len(part)), 0,
-                                int(lengths[part].sum()), 0))
-            lens.append(lengths[part])
-            first += len(part)
-        shards.append(ids)
-    lens = np.concatenate(lens)
-    n = len(lens)
-    return Dataset("m.json", ["a"], 1, lens, [np.zeros(1, np.int32)] * n, [""] * n, chunks,
-                   shards, within=within)
+            parts.append([p for p in (src[a:b] for a, b in zip(ends[:-1], ends[1:])) if len(p)])
+    else:
+        cuts = chunk_bounds(shards_src, lengths, None, per_chunk)
+        parts = [[p for _, p in shard_chunks(src, cuts)] for src in shards_src]
+    return metadata_dataset(lengths, parts, within, "m.json")
 
 
 def check_plans(ds: Dataset, keep: np.ndarray, world: int, batch_frames: int, seed=3, epoch=1):
