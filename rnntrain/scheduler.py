@@ -88,6 +88,11 @@ class WorkerPool:
                 self._idle_cv.wait()
 
     def _loop(self, w: int):
+        # Flush denormals to zero on this thread, as TensorFlow does on its CPU threads:
+        # gradients that decay through long recurrences reach denormal floats, each of
+        # which costs the CPU ~100 cycles (measured: a 3x256 BLSTM backward 5x slower).
+        # MXCSR is per thread, so every worker sets it for itself.
+        torch.set_flush_denormal(True)
         if self._on_start is not None:
             self._on_start(w)
         while True:

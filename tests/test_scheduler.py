@@ -198,6 +198,17 @@ def test_on_start_runs_once_on_each_worker_thread():
     assert set(res) <= {f"st-{w}" for w in range(4)}
 
 
+def test_workers_flush_denormals_main_thread_untouched():
+    # a float32 denormal times one: kept by default IEEE arithmetic, zero under FTZ/DAZ
+    def tiny():
+        x = torch.tensor([2.0 ** -140], dtype=torch.float32)
+        return float((x * torch.tensor([1.0]))[0])
+    with WorkerPool(lambda w, t: tiny(), 2, name="ftz") as pool:
+        res, _ = pool.run([Task(i, ()) for i in range(4)])
+    assert res == [0.0] * 4
+    assert tiny() == 2.0 ** -140   # the test can tell: this thread keeps denormals
+
+
 # ---- task sizing -------------------------------------------------------------------
 
 def _brute_bottleneck(lens, k, cost):
