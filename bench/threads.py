@@ -53,7 +53,7 @@ def _measure(model, ds, frames, batches, threads, intra) -> dict:
     cost = cost_model_for(model)
     real = idle = wall_tot = serial = 0.0
     ntasks = []
-    with WorkerPool(comp, threads, intra) as pool:
+    with WorkerPool(comp, threads, intra, inline=threads == 1) as pool:  # as train.py does
         t0 = time.perf_counter()
         for step, b in enumerate(batches):
             groups = split_tasks(b, ds.lengths, threads * TASKS_PER_WORKER, cost, threads)

@@ -59,15 +59,28 @@ class BatchTiming:
 
 class WorkerPool:
     def __init__(self, fn: Callable[[int, Task], Any], workers: int, intra_threads: int = 1,
-                 name: str = "rnntrain-worker", on_start: Callable[[int], None] | None = None):
+                 name: str = "rnntrain-worker", on_start: Callable[[int], None] | None = None,
+                 inline: bool = False):
         """fn(worker_id, task) → result, called on worker threads; on_start(worker_id) once
         on each worker thread before its first task (per-worker state: a CUDA stream, pinned
         buffers). Sets torch's intra-op threads to ``intra_threads`` (process-wide, see
-        ``set_intra_threads``)."""
+        ``set_intra_threads``).
+
+        ``inline`` (one worker only): no thread; ``run`` calls fn on the calling thread.
+        For one worker with several intra-op threads on the CPU: GNU OpenMP gives every
+        thread that opens a parallel region its own team, and once the teams hold more
+        threads than there are cores it stops spinning between regions, so each of the
+        LSTM kernel's many short regions waits for a sleeping thread to wake up (measured:
+        the reference model, 2 intra-op threads, 2.2x slower in bf16 and 1.4x in fp32 on a
+        worker thread once the main thread's reduce and update had used a team). Inline,
+        the task and the update share the main thread's one team.
+        """
         assert workers >= 1 and intra_threads >= 1
+        assert not inline or workers == 1, "inline runs exactly one worker"
         set_intra_threads(intra_threads)
         self._fn, self.workers, self.intra_threads = fn, workers, intra_threads
         self._on_start = on_start
+        self._inline, self._started = inline, False
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)   # workers wait here for tasks
         self._idle_cv = threading.Condition(self._lock)  # the main thread waits here
@@ -79,8 +92,11 @@ class WorkerPool:
         self._closed = False
         self._busy = [0.0] * workers
         self._last_end = [0.0] * workers
-        self._threads = [threading.Thread(target=self._loop, args=(w,), name=f"{name}-{w}",
-                                          daemon=True) for w in range(workers)]
+        self._threads = [] if inline else [
+            threading.Thread(target=self._loop, args=(w,), name=f"{name}-{w}", daemon=True)
+            for w in range(workers)]
+        if inline:
+            self._idle = workers
         for t in self._threads:
             t.start()
         with self._lock:  # all workers up and idle before the first batch
@@ -129,6 +145,8 @@ class WorkerPool:
     def run(self, tasks: Sequence[Task]) -> tuple[list, BatchTiming]:
         """Run one batch; return the results in task order once the barrier is reached."""
         assert all(t.index == i for i, t in enumerate(tasks)), "tasks must be indexed 0..n-1"
+        if self._inline:
+            return self._run_inline(tasks)
         t0 = time.perf_counter()
         with self._lock:
             assert not self._closed, "pool is closed"
@@ -154,6 +172,30 @@ class WorkerPool:
                             f"{list(task.seqs)[:10]}{' ...' if len(task.seqs) > 10 else ''}): "
                             f"{type(e).__name__}: {e}") from e
         return results, timing
+
+    def _run_inline(self, tasks: Sequence[Task]) -> tuple[list, BatchTiming]:
+        assert not self._closed, "pool is closed"
+        if not self._started:
+            if self._on_start is not None:
+                self._on_start(0)
+            self._started = True
+        t0 = time.perf_counter()
+        results = [None] * len(tasks)
+        torch.set_flush_denormal(True)  # as on a worker thread (see _loop), for the tasks only
+        try:
+            for task in tasks:
+                try:
+                    with trace.span("task", index=task.index, seqs=len(task.seqs)):
+                        results[task.index] = self._fn(0, task)
+                except Exception as e:
+                    raise TaskError(f"worker 0 failed on task {task.index} (sequences "
+                                    f"{list(task.seqs)[:10]}"
+                                    f"{' ...' if len(task.seqs) > 10 else ''}): "
+                                    f"{type(e).__name__}: {e}") from e
+        finally:
+            torch.set_flush_denormal(False)
+        wall = time.perf_counter() - t0
+        return results, BatchTiming(wall, [wall], [0.0])
 
     def close(self):
         with self._lock:

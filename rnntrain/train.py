@@ -117,8 +117,11 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
              f"{device}, run folder {run_dir}")
 
     computer = TaskComputer(model, device, tc.input_noise, tc.precision, tc.round_lengths)
+    # one CPU worker runs on this thread: its intra-op threads then share one OpenMP team
+    # with the update (see WorkerPool), instead of two teams throttling each other
     pool = WorkerPool(computer, workers, tc.intra_threads,
-                      on_start=lambda w: worker_start(device))
+                      on_start=lambda w: worker_start(device),
+                      inline=workers == 1 and device.type == "cpu")
     task_cost = cost_model_for(model)
     stop = StopFlag()
     last_ckpt_time, bar, reader = time.monotonic(), None, None

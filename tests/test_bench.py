@@ -42,6 +42,42 @@ def test_plain_loop_trains_every_frame_and_pads_more_than_length_grouping(synth_
     assert 1.0 <= ours < res["padding"]
 
 
+def test_stock_baseline_is_the_same_model_as_ctcmodel():
+    """The plain loop's textbook model (one multi-layer nn.LSTM over a PackedSequence)
+    computes what rnntrain's CTCModel computes, given the same weights."""
+    from bench.plain_loop import StockModel
+    torch.manual_seed(0)
+    ours = CTCModel(5, 4, layers=2, hidden=6, bidirectional=True).double()
+    stock = StockModel(5, 4, layers=2, hidden=6, bidirectional=True).double()
+    with torch.no_grad():
+        for i, rnn in enumerate(ours.rnns):
+            for name, p in rnn.named_parameters():   # weight_ih_l0(_reverse) -> ..._l{i}...
+                getattr(stock.lstm, name.replace("_l0", f"_l{i}")).copy_(p)
+        stock.out.load_state_dict(ours.out.state_dict())
+    lengths = torch.tensor([9, 4, 7, 2])
+    x = torch.randn(9, 4, 5, dtype=torch.double)
+    x[torch.arange(9).unsqueeze(1) >= lengths.unsqueeze(0)] = 0.0
+    a, _ = ours(x, lengths)
+    b, _ = stock(x, lengths)
+    valid = torch.arange(9).unsqueeze(1) < lengths.unsqueeze(0)
+    assert torch.allclose(a[valid], b[valid], atol=1e-12)
+
+
+def test_plain_loop_bf16_and_stock_variants_train_every_frame(synth_pair):
+    from bench.plain_loop import plain_loop
+    train, _ = synth_pair
+    h = read_header(str(train))
+    real = sum(int(n) for n, t in zip(h.lengths, h.targets) if n >= min_frames(t))
+    threads = torch.get_num_threads()
+    try:
+        for kw in ({"precision": "bf16"}, {"stock": True}):
+            res = plain_loop(train, ModelConfig(layers=2, hidden=8), OptimConfig(), seed=1,
+                             max_s=300, threads=1, **kw)
+            assert res["frames"] == real and res["frames_per_s"] > 0, kw
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_suite_lists_sections_in_fixed_order():
     from bench.__main__ import SECTIONS, TOTAL_BUDGET_S, available
     names = [s[0] for s in available()]

@@ -38,7 +38,7 @@ def _model(seed=0):
     return CTCModel(6, 5, layers=2, hidden=12, bidirectional=True)
 
 
-def _pool_gradient(model, lengths, frames, targets, workers, n_tasks):
+def _pool_gradient(model, lengths, frames, targets, workers, n_tasks, inline=False):
     """The training step's gradient: tasks on the pool, fixed-order reduce."""
     comp = TaskComputer(model, torch.device("cpu"))
     flat = FlatGrad(list(model.parameters()), torch.device("cpu"))
@@ -46,7 +46,7 @@ def _pool_gradient(model, lengths, frames, targets, workers, n_tasks):
     tasks = [Task(j, g, ([frames[s] for s in g], [targets[s] for s in g]))
              for j, g in enumerate(groups)]
     comp.ensure_buffers(len(tasks))
-    with WorkerPool(comp, workers) as pool:
+    with WorkerPool(comp, workers, inline=inline) as pool:
         results, _ = pool.run(tasks)
     flat.reduce_tasks(comp.buffers[: len(tasks)], results)
     return flat.grad.clone(), flat.stats
@@ -87,6 +87,33 @@ def test_gradient_bit_identical_across_runs_and_worker_counts():
     for workers in (1, 2, 8, 2, 8):
         again, _ = _pool_gradient(model, lengths, frames, targets, workers, 6)
         assert torch.equal(again, first), workers
+    inline, _ = _pool_gradient(model, lengths, frames, targets, 1, 6, inline=True)
+    assert torch.equal(inline, first)
+
+
+def test_inline_pool_runs_on_the_caller_and_reports_failures():
+    before = set(threading.enumerate())
+    calls = []
+
+    def fn(w, task):
+        calls.append((w, threading.current_thread().name, task.index))
+        if 13 in task.seqs:
+            raise ValueError("bad frame")
+        return sum(task.seqs)
+    started = []
+    with WorkerPool(fn, 1, inline=True, on_start=started.append) as pool:
+        assert set(threading.enumerate()) == before          # no thread started
+        res, timing = pool.run([Task(0, (1, 2)), Task(1, (3,))])
+        assert res == [3, 3] and len(timing.busy_s) == 1
+        with pytest.raises(TaskError, match=r"worker 0 failed on task 1 \(sequences \[13\]\)"
+                                            r".*ValueError: bad frame"):
+            pool.run([Task(0, (4,)), Task(1, (13,)), Task(2, (5,))])
+        assert pool.run([Task(0, (7,))])[0] == [7]
+    me = threading.current_thread().name
+    assert started == [0] and {c[:2] for c in calls} == {(0, me)}
+    assert [c[2] for c in calls] == [0, 1, 0, 1, 0]   # stops at the failing task
+    with pytest.raises(AssertionError):
+        WorkerPool(fn, 2, inline=True)
 
 
 def test_input_noise_keeps_padding_zero_and_is_deterministic():
