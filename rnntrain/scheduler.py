@@ -213,46 +213,58 @@ class WorkerPool:
 
 @dataclass(frozen=True)
 class CostModel:
-    """Predicted cost of a task of N sequences padded to T_max frames: a·N·T_max + b·N + c.
+    """Predicted cost of a task of N sequences padded to T_max frames:
+    a·N·T_max + b·N + c + d·T_max.
 
     Units are "padded frames" (a = 1): b is the per-sequence cost (CTC, best-path decode,
-    collate) and c the per-task cost (Python and dispatch overhead, mostly under the GIL),
-    both in frame equivalents. The constants are fixed, never timed at run time: task
-    boundaries decide the order of the gradient sum, so they must depend on lengths alone
-    for a run to be reproducible. ``fit`` recovers them from measured task times
-    (bench/threads.py prints the fit for the default and the reference model).
+    collate), c the per-task cost (Python and dispatch overhead, mostly under the GIL) and
+    d the per-time-step cost that does not grow with N (each step of the recurrence is one
+    small product and a kernel call whatever the batch: large in bf16, where oneDNN's
+    per-step overhead is ~10 frames' work), all in frame equivalents. The constants are
+    fixed, never timed at run time: task boundaries decide the order of the gradient sum,
+    so they must depend on lengths alone for a run to be reproducible. ``fit`` recovers
+    them from measured task times (bench/threads.py prints the fit for the default and
+    the reference model).
     """
     a: float = 1.0
     b: float = 0.0
     c: float = 0.0
+    d: float = 0.0
 
     def __call__(self, n, t_max):
-        return self.a * n * t_max + self.b * n + self.c
+        return self.a * n * t_max + self.b * n + self.c + self.d * t_max
 
     @classmethod
     def fit(cls, n, t_max, seconds) -> "CostModel":
-        """Least squares of seconds ≈ a·N·T + b·N + c over measured tasks, rescaled so that
-        a = 1; negative coefficients (noise) are clipped to 0."""
+        """Least squares of seconds ≈ a·N·T + b·N + c + d·T over measured tasks, rescaled
+        so that a = 1; negative coefficients (noise) are clipped to 0."""
         n, t_max, y = (np.asarray(v, dtype=float) for v in (n, t_max, seconds))
-        design = np.stack([n * t_max, n, np.ones_like(n)], axis=1)
-        (a, b, c), *_ = np.linalg.lstsq(design, y, rcond=None)
+        design = np.stack([n * t_max, n, np.ones_like(n), t_max], axis=1)
+        (a, b, c, d), *_ = np.linalg.lstsq(design, y, rcond=None)
         assert a > 0, "task time does not grow with padded frames: measurement broken"
-        return cls(1.0, max(b / a, 0.0), max(c / a, 0.0))
+        return cls(1.0, max(b / a, 0.0), max(c / a, 0.0), max(d / a, 0.0))
 
     @classmethod
-    def for_model(cls, flops_per_frame: float, params: int) -> "CostModel":
-        """Per-sequence and per-task overheads converted to frame equivalents of a model.
+    def for_model(cls, flops_per_frame: float, params: int, layer_dirs: int = 0,
+                  precision: str = "fp32", subsample: int = 1) -> "CostModel":
+        """Per-sequence, per-task and per-step overheads in frame equivalents of a model.
 
         Seconds fitted with ``fit`` to task times measured on this project's CPU path
-        (bench/threads.py, 2x128 and 3x256 BLSTMs): ~1.2 ms + 4 ns per parameter per task
-        (Python, and the LSTM kernels' weight re-layout at every call), a per-sequence
-        term too small to resolve (20 µs assumed: CTC, best-path decode), divided by the
-        time of one padded frame at the ~110 GFLOP/s per core measured there. A rough
-        guess is enough: it moves task boundaries, never what a task computes; it makes a
-        batch too small to pay another task's overhead stay whole.
+        (bench/threads.py and a (N, T) grid, 2x128 and 3x256 BLSTMs, one thread):
+        fp32: ~1.2 ms + 4 ns per parameter per task (Python, and the LSTM kernels' weight
+        re-layout at every call), a per-sequence term too small to resolve (20 µs
+        assumed: CTC, best-path decode), no per-step term to speak of, and one padded
+        frame at the ~110 GFLOP/s per core measured there. bf16 (oneDNN with AMX/AVX-512
+        bf16): frames at ~260 GFLOP/s, ~12 ns per parameter per task (weight casts), and
+        ~150 µs per time step per layer and direction (forward and backward). A rough
+        guess is enough: it moves task boundaries, never what a task computes; it keeps a
+        batch whole when another task would cost more than it saves.
         """
-        frame_s = max(flops_per_frame, 1.0) / 110e9
-        return cls(1.0, 20e-6 / frame_s, (1.2e-3 + 4e-9 * params) / frame_s)
+        bf16 = precision == "bf16"
+        frame_s = max(flops_per_frame, 1.0) / (260e9 if bf16 else 110e9)
+        task_s = 1.2e-3 + (12e-9 if bf16 else 4e-9) * params
+        step_s = (150e-6 if bf16 else 0.0) * layer_dirs / max(subsample, 1)  # per input frame
+        return cls(1.0, 20e-6 / frame_s, task_s / frame_s, step_s / frame_s)
 
 
 def split_tasks(seqs: Sequence[int], lengths: np.ndarray, n_tasks: int,

@@ -111,15 +111,17 @@ class TaskComputer:
         return Fence(self.device).mark()
 
 
-def cost_model_for(model) -> CostModel:
-    """The task cost model (``scheduler.CostModel``) for a CTCModel: per-task and
-    per-sequence overheads in frame equivalents of this model's per-input-frame work."""
+def cost_model_for(model, precision: str = "fp32") -> CostModel:
+    """The task cost model (``scheduler.CostModel``) for a CTCModel trained in
+    ``precision``: per-task, per-sequence and per-step overheads in frame equivalents of
+    this model's per-input-frame work."""
     rnn = model.rnns[0]
     dirs = 2 if rnn.bidirectional else 1
     flops = training_flops_per_frame(model.input_size * model.subsample, rnn.hidden_size,
                                      len(model.rnns), dirs == 2, model.num_classes)
     params = sum(p.numel() for p in model.parameters())
-    return CostModel.for_model(flops / model.subsample, params)
+    return CostModel.for_model(flops / model.subsample, params, len(model.rnns) * dirs,
+                               precision, model.subsample)
 
 
 def best_path_ids(path: np.ndarray, blank: int) -> list[int]:

@@ -122,7 +122,7 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     pool = WorkerPool(computer, workers, tc.intra_threads,
                       on_start=lambda w: worker_start(device),
                       inline=workers == 1 and device.type == "cpu")
-    task_cost = cost_model_for(model)
+    task_cost = cost_model_for(model, tc.precision if device.type == "cpu" else "fp32")
     stop = StopFlag()
     last_ckpt_time, bar, reader = time.monotonic(), None, None
     every = host_every(device, tc.log_every)

@@ -20,7 +20,7 @@ import torch
 from rnntrain.model import CTCModel, ctc_loss_sum
 from rnntrain.scheduler import (CostModel, Task, TaskError, WorkerPool, default_threads,
                                 split_tasks)
-from rnntrain.step import FlatGrad, TaskComputer
+from rnntrain.step import FlatGrad, TaskComputer, cost_model_for
 
 from conftest import ROOT
 
@@ -287,10 +287,29 @@ def test_cost_model_fit_recovers_coefficients():
     rng = np.random.default_rng(0)
     n = rng.integers(1, 30, 40)
     t = rng.integers(5, 300, 40)
-    y = 2e-6 * n * t + 5e-5 * n + 1e-3
+    y = 2e-6 * n * t + 5e-5 * n + 1e-3 + 4e-6 * t
     m = CostModel.fit(n, t, y)
     assert m.a == 1.0
     assert m.b == pytest.approx(25.0, rel=1e-6) and m.c == pytest.approx(500.0, rel=1e-6)
+    assert m.d == pytest.approx(2.0, rel=1e-6)
+
+
+def test_per_step_cost_keeps_tasks_wide():
+    """With a per-time-step cost (bf16), cutting a batch into more tasks than workers
+    only repeats the steps: 2 workers get 2 tasks, not 4; without it, 4 balance better."""
+    lengths = np.array([300] * 20 + [150] * 20)
+    seqs = range(len(lengths))
+    flat = split_tasks(seqs, lengths, 4, CostModel(1.0, 0.0, 50.0), workers=2)
+    steps = split_tasks(seqs, lengths, 4, CostModel(1.0, 0.0, 50.0, 10.0), workers=2)
+    assert len(flat) == 4 and len(steps) == 2
+    assert sorted(s for g in steps for s in g) == list(seqs)
+
+
+def test_bf16_cost_model_has_a_step_term_fp32_none():
+    model = CTCModel(40, 30, layers=3, hidden=256, bidirectional=True)
+    fp32, bf16 = cost_model_for(model, "fp32"), cost_model_for(model, "bf16")
+    assert fp32.d == 0.0 and 5.0 < bf16.d < 20.0   # measured ~10 frames per step
+    assert fp32.c > 0 and bf16.c > fp32.c
 
 
 def test_default_threads_fill_the_cores():
