@@ -246,7 +246,7 @@ def run(quick: bool = False) -> str:
     from data_tools.synth import write_synth
     work = Path(tempfile.mkdtemp(prefix="rnntrain-bench-ranks-"))
     data = work / "train.nc"
-    write_synth(str(data), num_seqs=600 if quick else 2000, num_labels=LABELS,
+    write_synth(str(data), num_seqs=600 if quick else 1200, num_labels=LABELS,
                 input_size=INPUTS, seed=1)
     bf = 4000
     cfg = work / "ranks.toml"
@@ -255,7 +255,7 @@ def run(quick: bool = False) -> str:
     lines = ["## MPI ranks", "",
              f"Measured with {cmd} (MPICH from pip, one node, shared memory unless said). "
              "Default model (2-layer BLSTM, 128 per direction), default synthetic task "
-             f"({'600' if quick else '2000'} sequences), batch_frames = {bf}, 1 thread per "
+             f"({'600' if quick else '1200'} sequences), batch_frames = {bf}, 1 thread per "
              "rank; figures are steady-state means over metric windows after the first "
              f"(speed: best of {'1 run' if quick else '2 interleaved runs'} each).", ""]
 
