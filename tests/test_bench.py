@@ -25,21 +25,26 @@ def test_training_flops_per_frame_counts_every_weight_matrix_once():
 
 
 def test_plain_loop_trains_every_frame_and_pads_more_than_length_grouping(synth_pair):
+    """Every variant of the plain loop (fp32, bf16 autocast, the stock packed model)
+    trains each trainable frame once per epoch; length grouping pads less than it."""
     from bench.plain_loop import plain_loop, rnntrain_padding
     train, _ = synth_pair
     h = read_header(str(train))
     real = sum(int(n) for n, t in zip(h.lengths, h.targets) if n >= min_frames(t))
     threads = torch.get_num_threads()
     try:
-        res = plain_loop(train, ModelConfig(layers=1, hidden=8), OptimConfig(clip_norm=1.0),
-                         seed=1, max_s=300, threads=1)
+        runs = {name: plain_loop(train, ModelConfig(layers=2, hidden=8),
+                                 OptimConfig(clip_norm=1.0), seed=1, max_s=300, threads=1, **kw)
+                for name, kw in (("fp32", {}), ("bf16", {"precision": "bf16"}),
+                                 ("stock", {"stock": True}))}
     finally:
         torch.set_num_threads(threads)  # plain_loop sets the process-wide thread count
-    assert res["frames"] == real and res["epoch_share"] >= 1.0
-    assert np.isfinite(res["frames_per_s"]) and res["frames_per_s"] > 0
+    for name, res in runs.items():
+        assert res["frames"] == real and res["epoch_share"] >= 1.0, name
+        assert np.isfinite(res["frames_per_s"]) and res["frames_per_s"] > 0, name
     # same number of sequences per batch on average: grouping by length pads less
     ours = rnntrain_padding(train, batch_frames=int(32 * h.lengths.mean()))
-    assert 1.0 <= ours < res["padding"]
+    assert 1.0 <= ours < runs["fp32"]["padding"]
 
 
 def test_stock_baseline_is_the_same_model_as_ctcmodel():
@@ -61,21 +66,6 @@ def test_stock_baseline_is_the_same_model_as_ctcmodel():
     b, _ = stock(x, lengths)
     valid = torch.arange(9).unsqueeze(1) < lengths.unsqueeze(0)
     assert torch.allclose(a[valid], b[valid], atol=1e-12)
-
-
-def test_plain_loop_bf16_and_stock_variants_train_every_frame(synth_pair):
-    from bench.plain_loop import plain_loop
-    train, _ = synth_pair
-    h = read_header(str(train))
-    real = sum(int(n) for n, t in zip(h.lengths, h.targets) if n >= min_frames(t))
-    threads = torch.get_num_threads()
-    try:
-        for kw in ({"precision": "bf16"}, {"stock": True}):
-            res = plain_loop(train, ModelConfig(layers=2, hidden=8), OptimConfig(), seed=1,
-                             max_s=300, threads=1, **kw)
-            assert res["frames"] == real and res["frames_per_s"] > 0, kw
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_suite_lists_sections_in_fixed_order():
