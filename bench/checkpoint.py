@@ -55,8 +55,8 @@ class _DS:
 
 def _model_and_optimizer():
     from rnntrain.config import Config
-    from rnntrain.model import build_model
-    from rnntrain.optim import build_optimizer
+    from rnntrain.compute.model import build_model
+    from rnntrain.compute.optim import build_optimizer
     cfg = Config()
     cfg.data.train = "bench.nc"
     cfg.model.layers, cfg.model.hidden = LAYERS, HIDDEN
@@ -70,7 +70,7 @@ def _model_and_optimizer():
 
 
 def measure_files(reps: int) -> dict:
-    from rnntrain import checkpoint as ckpt
+    from rnntrain.run import checkpoint as ckpt
     from rnntrain.config import to_dict
     cfg, model, opt = _model_and_optimizer()
     state = {"epoch": 0, "pos": 5, "step": 5, "best_ler": 1.0, "since_best": 0}

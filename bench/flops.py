@@ -1,7 +1,7 @@
 """Useful-FLOP rate of training against the machine's measured fp32 matmul peak.
 
 Peak: ``torch.mm`` on large square fp32 matrices with 1 thread and with all cores (best of
-several). Useful FLOPs: ``rnntrain.model.training_flops_per_frame`` (the model's matmul
+several). Useful FLOPs: ``rnntrain.compute.model.training_flops_per_frame`` (the model's matmul
 multiply-adds x 2 x 3 for forward + backward) times real (unpadded) frames per second of
 ``rnntrain train`` on the reference model, in fp32 and in bf16 (``train.precision``). To
 show where the gap to the cap is, the model's step alone (forward, CTC, backward of one
@@ -44,7 +44,7 @@ def matmul_gflops(threads: int, n: int, reps: int, dtype=torch.float32) -> float
 def kernel_gflops(precision: str, n: int = 20, t: int = 300, reps: int = 3) -> float:
     """Useful GFLOP/s of the reference model's training step alone, on one thread: one
     (T=t, N=n) batch of equal lengths, forward + CTC + backward, best of ``reps``."""
-    from rnntrain.model import CTCModel, ctc_loss_sum, training_flops_per_frame
+    from rnntrain.compute.model import CTCModel, ctc_loss_sum, training_flops_per_frame
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -69,7 +69,7 @@ def kernel_gflops(precision: str, n: int = 20, t: int = 300, reps: int = 3) -> f
 
 
 def run(quick: bool = False) -> str:
-    from rnntrain.model import training_flops_per_frame
+    from rnntrain.compute.model import training_flops_per_frame
     cores = os.cpu_count() or 1
     n, reps = (1024, 3) if quick else (3072, 5)
     peak1 = matmul_gflops(1, n, reps)

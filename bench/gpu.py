@@ -4,7 +4,7 @@ The reference model is 3 x BLSTM-256 with 40 inputs and 30 labels + blank. For f
 bf16 at several padded-frame budgets it measures, side by side on the same synthetic
 speech-like data (written as an RNNLIB .nc file):
 
-- end to end: ``rnntrain.train.train`` itself (reader thread, worker, pinned copies on a
+- end to end: ``rnntrain.run.train.train`` itself (reader thread, worker, pinned copies on a
   side stream, reduce, fused update), frames/s of its second epoch from metrics.jsonl;
 - the ceiling: the same model and the same micro-batches of the same epoch plan, already
   collated on the device, stepped in a bare loop (forward, CTC, backward, fused Adam);
@@ -41,7 +41,7 @@ def end_to_end(path: str, device: str, precision: str, budget: int, layers: int,
                hidden: int, run_dir: str) -> dict:
     """Train two epochs with the real loop; → frames/s of epoch 2 and the memory peak."""
     from rnntrain.config import load_config
-    from rnntrain.train import train
+    from rnntrain.run.train import train
     cfg = load_config(None, [f"data.train={json.dumps(path)}", f"model.layers={layers}",
                              f"model.hidden={hidden}", "train.epochs=2",
                              f"train.batch_frames={budget}", f"train.precision={precision}",
@@ -60,12 +60,12 @@ def ceiling(path: str, device: str, precision: str, budget: int, layers: int,
             hidden: int) -> float:
     """The bare step on batches already on the device: the same epoch-2 plan and task
     split as the trainer's, no reader, no copies, no reduce. → frames/s."""
-    from rnntrain.dataset import Dataset
-    from rnntrain.device import autocast_dtype
-    from rnntrain.model import CTCModel
-    from rnntrain.plan import make_plan
-    from rnntrain.scheduler import split_tasks
-    from rnntrain.step import collate
+    from rnntrain.data.dataset import Dataset
+    from rnntrain.compute.device import autocast_dtype
+    from rnntrain.compute.model import CTCModel
+    from rnntrain.data.plan import make_plan
+    from rnntrain.compute.pool import split_tasks
+    from rnntrain.compute.tasks import collate
     dev = torch.device(device)
     ds = Dataset.open(path)
     keep = ds.feasible()

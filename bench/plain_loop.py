@@ -37,8 +37,8 @@ class Sequences(torch.utils.data.Dataset):
     """Every trainable sequence of an RNNLIB file in memory: (frames (T, F), target)."""
 
     def __init__(self, path):
-        from rnntrain.ncdata import read_file
-        from rnntrain.model import min_frames
+        from rnntrain.data.ncdata import read_file
+        from rnntrain.compute.model import min_frames
         h, frames = read_file(str(path))
         keep = [i for i in range(h.num_seqs) if h.lengths[i] >= min_frames(h.targets[i])]
         self.frames = [torch.from_numpy(np.ascontiguousarray(frames[i])) for i in keep]
@@ -80,8 +80,8 @@ def plain_loop(path, model_cfg, optim_cfg, seed: int = 1, max_s: float = 60.0,
                threads: int = 1, precision: str = "fp32", stock: bool = False) -> dict:
     """One epoch (or ``max_s`` seconds, checked after each batch) of the plain loop →
     frames/s and padding. ``stock``: the textbook ``StockModel`` instead of ``CTCModel``."""
-    from rnntrain.model import build_model, ctc_loss_sum
-    from rnntrain.optim import build_optimizer
+    from rnntrain.compute.model import build_model, ctc_loss_sum
+    from rnntrain.compute.optim import build_optimizer
     torch.set_num_threads(threads)
     data = Sequences(path)
     torch.manual_seed(seed)
@@ -133,8 +133,8 @@ def best_plain_loop(path, model_cfg, optim_cfg, seed: int, max_s: float,
 
 def rnntrain_padding(path, batch_frames: int, seed: int = 1) -> float:
     """Padding of rnntrain's epoch-0 plan (the same function the trainer calls)."""
-    from rnntrain.dataset import Dataset
-    from rnntrain.plan import make_plan, padding_ratio
+    from rnntrain.data.dataset import Dataset
+    from rnntrain.data.plan import make_plan, padding_ratio
     ds = Dataset.open(str(path))
     plan = make_plan(ds, ds.feasible(1), batch_frames, seed, 0)
     return padding_ratio(plan, ds.lengths)

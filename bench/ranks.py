@@ -88,7 +88,7 @@ def random_shard_plan(ds, keep, batch_frames, seed, epoch, rank=0, world=1, shuf
                       round_lengths=0):
     """Each rank takes a random 1/world of the sequences and batches them alone under
     batch_frames/world; all ranks stop at the shortest plan (equal steps)."""
-    from rnntrain.plan import Step, group_by_length, rng_for
+    from rnntrain.data.plan import Step, group_by_length, rng_for
     perm = rng_for(seed, 991).permutation(ds.num_seqs)
     plans = []
     for r in range(world):
@@ -114,8 +114,8 @@ def frame_imbalance(plans: list[list], lengths: np.ndarray) -> float:
 
 
 def _imbalance(data: Path, batch_frames: int, world: int, sharding: str) -> float:
-    from rnntrain.dataset import Dataset
-    from rnntrain.plan import make_plan
+    from rnntrain.data.dataset import Dataset
+    from rnntrain.data.plan import make_plan
     ds = Dataset.open(str(data), 2_000_000)
     keep = ds.feasible(1)
     fn = make_plan if sharding == "ours" else random_shard_plan
@@ -153,11 +153,11 @@ def _delta(before: dict, after: dict) -> tuple[int, int]:
 def exchange_worker(mode: str, wire: str, steps: int):
     """Under mpiexec: K exchanges of the default model's gradient; rank 0 prints JSON."""
     import torch
-    from rnntrain import dist
+    from rnntrain.parallel import mpi as dist
     from rnntrain.config import DistConfig, ModelConfig
-    from rnntrain.exchange import Exchange
-    from rnntrain.model import build_model
-    from rnntrain.step import FlatGrad
+    from rnntrain.parallel.exchange import Exchange
+    from rnntrain.compute.model import build_model
+    from rnntrain.compute.tasks import FlatGrad
     comm = dist.init()
     torch.manual_seed(0)
     model = build_model(ModelConfig(), INPUTS, LABELS)
@@ -361,8 +361,8 @@ def _main(argv: list[str]):
     elif argv[:1] == ["--train-worker"]:
         from rnntrain import cli
         if argv[1] == "random":
-            import rnntrain.train
-            rnntrain.train.make_plan = random_shard_plan
+            import rnntrain.run.train
+            rnntrain.run.train.make_plan = random_shard_plan
         sys.exit(cli.main(argv[2:]))
     else:
         print(run(quick="--quick" in argv))

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from rnntrain import ncdata
-from rnntrain.dataset import Dataset, virtual_chunks
-from rnntrain.plan import make_plan, padding_ratio
-from rnntrain.reader import ChunkReader
+from rnntrain.data import ncdata
+from rnntrain.data.dataset import Dataset, virtual_chunks
+from rnntrain.data.plan import make_plan, padding_ratio
+from rnntrain.data.reader import ChunkReader
 
 ROOT = Path(__file__).resolve().parents[1]
 

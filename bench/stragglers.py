@@ -1,7 +1,7 @@
 """Straggler idle of N = 64 ranks: random shards vs the RNNLIB recipe vs ours.
 
 A simulation from lengths alone: the real shard tool's dealing (``data_tools.shard.deal``)
-and the real epoch planner (``rnntrain.plan.make_plan``) on a speech-like corpus; the
+and the real epoch planner (``rnntrain.data.plan.make_plan``) on a speech-like corpus; the
 cost of a rank's step is its padded frames (n × longest: an LSTM's time at fixed width).
 Straggler idle = Σ_steps Σ_ranks (max_rank − rank) / (N × Σ_steps max_rank): the share
 of the ranks' time spent waiting for the slowest rank at the step's gradient allreduce.
@@ -16,8 +16,8 @@ import time
 import numpy as np
 
 from data_tools.shard import chunk_bounds, deal, metadata_dataset, shard_chunks
-from rnntrain.dataset import Dataset, virtual_chunks
-from rnntrain.plan import make_plan, padding_ratio
+from rnntrain.data.dataset import Dataset, virtual_chunks
+from rnntrain.data.plan import make_plan, padding_ratio
 
 RANKS = 64
 

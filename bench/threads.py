@@ -23,11 +23,11 @@ import numpy as np
 import torch
 
 from data_tools.synth import write_synth
-from rnntrain.dataset import Dataset
-from rnntrain.model import CTCModel, count_params
-from rnntrain.plan import group_by_length
-from rnntrain.scheduler import CostModel, Task, WorkerPool, split_tasks
-from rnntrain.step import FlatGrad, TaskComputer, cost_model_for
+from rnntrain.data.dataset import Dataset
+from rnntrain.compute.model import CTCModel, count_params
+from rnntrain.data.plan import group_by_length
+from rnntrain.compute.pool import CostModel, Task, WorkerPool, split_tasks
+from rnntrain.compute.tasks import FlatGrad, TaskComputer, cost_model_for
 
 SETTINGS = ((1, 1), (1, 2), (2, 1))   # (threads, intra_threads)
 TASKS_PER_WORKER = 2                  # train.tasks_per_worker's default

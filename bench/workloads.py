@@ -41,7 +41,7 @@ def reference_data(folder: Path, num_seqs: int, seed: int = 7) -> Path:
     Throughput does not depend on what the features mean, so they are random; the lengths
     and the label rate are what matter (padding, CTC lattice size).
     """
-    from rnntrain.ncdata import NcWriter
+    from rnntrain.data.ncdata import NcWriter
     rng = np.random.default_rng(seed)
     lengths = np.clip(rng.lognormal(np.log(300), 0.5, num_seqs), 60, 1500).astype(int)
     labels = [f"p{i:02d}" for i in range(REF_LABELS)]

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from rnntrain.errors import UserError
-from rnntrain.ncdata import NcWriter
+from rnntrain.data.ncdata import NcWriter
 
 from . import features as feat
 

@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from rnntrain.errors import UserError
-from rnntrain.ncdata import FORMATS
+from rnntrain.data.ncdata import FORMATS
 
 
 def _synth(a):

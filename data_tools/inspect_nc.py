@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rnntrain.dataset import Dataset
+from rnntrain.data.dataset import Dataset
 
 
 def histogram(values: np.ndarray, bins: int = 10, width: int = 40) -> list[str]:
@@ -42,7 +42,7 @@ def inspect(path: str, subsample: int = 1, chunk_frames: int = 2_000_000,
 def manifest_report(ds: Dataset, problems: list[str]) -> list[str]:
     """Checksums of every chunk, frames and length profile per shard, order warnings."""
     from rnntrain.errors import UserError
-    from rnntrain.manifest import verify_chunk
+    from rnntrain.data.manifest import verify_chunk
     bad = []
     for c in ds.chunks:
         try:

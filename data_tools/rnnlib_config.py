@@ -91,7 +91,7 @@ def _toml_value(v) -> str:
 
 def _mean_length(path: str, base: Path | None) -> float | None:
     """Mean sequence length of an RNNLIB file, when it can be read from here."""
-    from rnntrain.ncdata import read_header
+    from rnntrain.data.ncdata import read_header
     for cand in ([Path(path)] + ([base / path] if base is not None else [])):
         if cand.is_file():
             try:

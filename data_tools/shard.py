@@ -22,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from rnntrain import ncdata
-from rnntrain.dataset import Chunk, Dataset
+from rnntrain.data import ncdata
+from rnntrain.data.dataset import Chunk, Dataset
 from rnntrain.errors import DataError, UserError
-from rnntrain.manifest import FORMAT, VERSION, sha256_file
-from rnntrain.plan import rng_for
+from rnntrain.data.manifest import FORMAT, VERSION, sha256_file
+from rnntrain.data.plan import rng_for
 
 
 @dataclass

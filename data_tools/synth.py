@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rnntrain.ncdata import NcWriter
+from rnntrain.data.ncdata import NcWriter
 
 
 def make_sequences(num_seqs: int, num_labels: int, input_size: int, seed: int,

@@ -10,23 +10,23 @@ import json
 import os
 import sys
 
-from .errors import UserError
+from rnntrain.errors import UserError
 
 
 _STORAGE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
 
 
 def _cmd_train(args) -> int:
-    from .config import load_config
+    from rnntrain.config import load_config
     cfg = load_config(args.config, args.overrides)
     if args.trace:
-        from . import trace
+        from rnntrain.run import trace
         trace.configure(args.trace, trace.parse_window(args.trace_steps))
-    from .train import train  # torch: imported once the arguments are known to be good
+    from rnntrain.run.train import train  # torch: imported once the arguments are known to be good
     try:
         train(cfg, args.config, args.overrides, resume=args.resume)
     except BaseException as e:
-        from . import dist
+        from rnntrain.parallel import mpi as dist
         dist.fail(e)  # under MPI: name this rank and abort the whole job (no hang)
         raise
     return 0
@@ -34,12 +34,12 @@ def _cmd_train(args) -> int:
 
 def _load_for_eval(checkpoint: str, data: str, device: str):
     import torch
-    from . import checkpoint as ckpt
-    from .config import config_from_dict
-    from .dataset import Dataset
-    from .errors import DataError
-    from .model import build_model
-    from .device import pick_device
+    from rnntrain.run import checkpoint as ckpt
+    from rnntrain.config import config_from_dict
+    from rnntrain.data.dataset import Dataset
+    from rnntrain.errors import DataError
+    from rnntrain.compute.model import build_model
+    from rnntrain.compute.device import pick_device
     ck = ckpt.load(checkpoint)
     cfg = config_from_dict(ck["config"])
     ds = Dataset.open(data, cfg.data.chunk_frames)
@@ -57,7 +57,7 @@ def _load_for_eval(checkpoint: str, data: str, device: str):
 
 
 def _cmd_eval(args) -> int:
-    from .evaluate import evaluate
+    from rnntrain.run.evaluate import evaluate
     cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device)
     keep = ds.feasible(cfg.model.subsample)
     counts = evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev,
@@ -77,7 +77,7 @@ def _cmd_eval(args) -> int:
 def _cmd_decode(args) -> int:
     if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         raise UserError(f"--out {args.out}: its folder does not exist")  # before decoding
-    from .evaluate import evaluate
+    from rnntrain.run.evaluate import evaluate
     cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device)
     keep = ds.feasible(cfg.model.subsample)
     hyps: dict[int, list[int]] = {}
@@ -105,19 +105,19 @@ def _cmd_decode(args) -> int:
 
 
 def _cmd_runs(args) -> int:
-    from .runs import list_runs
+    from rnntrain.tools.runs import list_runs
     print(list_runs(args.dir, as_json=args.json))
     return 0
 
 
 def _cmd_sweep(args) -> int:
-    from .sweep import sweep
+    from rnntrain.tools.sweep import sweep
     return sweep(args.config, args.grid, out=args.out, print_only=args.print,
                  launcher=args.launcher, show_output=args.show_output)
 
 
 def _cmd_report(args) -> int:
-    from .report import report
+    from rnntrain.tools.report import report
     md = report(args.runs, out=args.out, tensorboard=args.tensorboard)
     print(f"wrote {md} and its figures in {md.parent}")
     return 0

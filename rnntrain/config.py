@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from .errors import ConfigError
+from rnntrain.errors import ConfigError
 
 
 @dataclass

@@ -10,7 +10,8 @@ import os
 import signal
 import sys
 
-from rnntrain import cli, step
+from rnntrain import cli
+from rnntrain.compute import tasks as step
 
 
 def main():

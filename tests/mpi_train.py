@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rnntrain import dist
+from rnntrain.parallel import mpi as dist
 from rnntrain.config import load_config
 from rnntrain.errors import UserError
-from rnntrain.exchange import Exchange
-from rnntrain.step import FlatGrad
-from rnntrain.train import train
+from rnntrain.parallel.exchange import Exchange
+from rnntrain.compute.tasks import FlatGrad
+from rnntrain.run.train import train
 
 
 def sync_phase(out: Path, comm):

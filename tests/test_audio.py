@@ -11,9 +11,9 @@ from scipy.io import wavfile
 
 from data_tools import features as feat
 from data_tools.audio import ArraySource, AudioSource, convert, read_wav
-from rnntrain.dataset import Dataset
-from rnntrain.ncdata import read_file
-from rnntrain.reader import ChunkReader
+from rnntrain.data.dataset import Dataset
+from rnntrain.data.ncdata import read_file
+from rnntrain.data.reader import ChunkReader
 from tests.conftest import run_cli
 
 

@@ -214,7 +214,7 @@ def test_disk_full_while_checkpointing_keeps_previous(tmp_path, synth_pair):
 SAVE_BIG = """
 import sys, torch
 from pathlib import Path
-from rnntrain.checkpoint import save_atomic
+from rnntrain.run.checkpoint import save_atomic
 from rnntrain.errors import UserError
 try:
     save_atomic({"w": torch.ones(2_000_000)}, Path(sys.argv[1]))
@@ -352,7 +352,7 @@ def test_truncation_check_against_real_layouts(tmp_path, fmt, records):
     every type, odd sizes) and flags it once bytes are missing."""
     import netCDF4
     from rnntrain.errors import DataError
-    from rnntrain.ncdata import check_complete, classic_min_size
+    from rnntrain.data.ncdata import check_complete, classic_min_size
     path = tmp_path / "f.nc"
     with netCDF4.Dataset(str(path), "w", format=fmt) as ds:
         ds.setncattr("title", "odd length title")

@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 from rnntrain.config import ModelConfig, OptimConfig
-from rnntrain.model import CTCModel, min_frames, training_flops_per_frame
-from rnntrain.ncdata import read_header
+from rnntrain.compute.model import CTCModel, min_frames, training_flops_per_frame
+from rnntrain.data.ncdata import read_header
 
 
 def test_training_flops_per_frame_counts_every_weight_matrix_once():

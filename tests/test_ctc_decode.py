@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from rnntrain.decode import ErrorCounts, best_path, edit_ops, prefix_beam_search
-from rnntrain.model import ctc_loss_sum, min_frames
+from rnntrain.decode.score import ErrorCounts, edit_ops
+from rnntrain.decode.search import best_path, prefix_beam_search
+from rnntrain.compute.model import ctc_loss_sum, min_frames
 from tests.ctc_reference import ctc_grad_activations, ctc_loss
 
 

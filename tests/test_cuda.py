@@ -16,11 +16,11 @@ import warnings
 import pytest
 import torch
 
-from rnntrain.dataset import Dataset
-from rnntrain.device import NanGuard, masked_step, worker_start
-from rnntrain.model import CTCModel, ctc_loss_sum
-from rnntrain.scheduler import Task, WorkerPool
-from rnntrain.step import FlatGrad, TaskComputer
+from rnntrain.data.dataset import Dataset
+from rnntrain.compute.device import NanGuard, masked_step, worker_start
+from rnntrain.compute.model import CTCModel, ctc_loss_sum
+from rnntrain.compute.pool import Task, WorkerPool
+from rnntrain.compute.tasks import FlatGrad, TaskComputer
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -152,7 +152,7 @@ def test_no_per_step_synchronisation(synth_pair):
 
 def test_fp16_training_run_on_cuda(synth_pair, tmp_path):
     from rnntrain.config import load_config
-    from rnntrain.train import train
+    from rnntrain.run.train import train
     train_nc, val_nc = synth_pair
     cfg = load_config(None, [f"data.train={json.dumps(str(train_nc))}",
                              f"data.val={json.dumps(str(val_nc))}", "model.hidden=32",

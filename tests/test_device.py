@@ -13,14 +13,14 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
-from rnntrain.dataset import Dataset
-from rnntrain.device import (LossScaler, NanGuard, autocast_dtype, host_every, masked_step,
+from rnntrain.data.dataset import Dataset
+from rnntrain.compute.device import (LossScaler, NanGuard, autocast_dtype, host_every, masked_step,
                              pick_device)
 from rnntrain.errors import UserError
-from rnntrain.model import CTCModel
-from rnntrain.plan import bucket_length, bucket_lengths, make_plan
-from rnntrain.scheduler import Task, WorkerPool
-from rnntrain.step import FlatGrad, TaskComputer
+from rnntrain.compute.model import CTCModel
+from rnntrain.data.plan import bucket_length, bucket_lengths, make_plan
+from rnntrain.compute.pool import Task, WorkerPool
+from rnntrain.compute.tasks import FlatGrad, TaskComputer
 
 CPU = torch.device("cpu")
 
@@ -294,9 +294,9 @@ def test_training_loop_same_weights_whatever_the_threads(synth_pair, tmp_path):
     """The loop with device-side figures and bucket rounding: two runs whose two worker
     threads race differently give bit-identical weights and metric lines."""
     import json
-    from rnntrain.checkpoint import load
+    from rnntrain.run.checkpoint import load
     from rnntrain.config import load_config
-    from rnntrain.train import train
+    from rnntrain.run.train import train
     runs = []
     for run, (threads, per_worker) in enumerate(((2, 1), (2, 1))):
         d = tmp_path / f"t{run}"

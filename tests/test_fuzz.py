@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, event, given, reject, settings
 from hypothesis import strategies as st
 
 from rnntrain.config import load_config
-from rnntrain.dataset import Dataset
+from rnntrain.data.dataset import Dataset
 from rnntrain.errors import UserError
 
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True,

@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from rnntrain.model import CTCModel, lstm_padded, reverse_padded
+from rnntrain.compute.model import CTCModel, lstm_padded, reverse_padded
 
 
 @pytest.mark.parametrize("bidirectional", [True, False])

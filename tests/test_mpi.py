@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rnntrain.dist import launched_by_mpi
-from rnntrain.exchange import WireCodec
+from rnntrain.parallel.mpi import launched_by_mpi
+from rnntrain.parallel.exchange import WireCodec
 
 from tests.conftest import ROOT, mpiexec
 

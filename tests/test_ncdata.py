@@ -5,8 +5,8 @@ import netCDF4
 import numpy as np
 import pytest
 
-from rnntrain import ncdata
-from rnntrain.dataset import Dataset
+from rnntrain.data import ncdata
+from rnntrain.data.dataset import Dataset
 from rnntrain.errors import DataError
 
 

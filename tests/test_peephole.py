@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from rnntrain.model import CTCModel, ctc_loss_sum
-from rnntrain.peephole import PeepholeLSTM
+from rnntrain.compute.model import CTCModel, ctc_loss_sum
+from rnntrain.compute.peephole import PeepholeLSTM
 
 
 def sig(a):

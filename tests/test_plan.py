@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from data_tools.shard import chunk_bounds, deal, metadata_dataset, shard_chunks
-from rnntrain.dataset import Dataset, virtual_chunks
+from rnntrain.data.dataset import Dataset, virtual_chunks
 from rnntrain.errors import UserError
-from rnntrain.plan import chunk_order, make_plan, padding_ratio
+from rnntrain.data.plan import chunk_order, make_plan, padding_ratio
 
 
 def speech_lengths(n: int, seed: int = 0) -> np.ndarray:

@@ -7,10 +7,10 @@ import time
 import numpy as np
 import pytest
 
-from rnntrain.dataset import Dataset
+from rnntrain.data.dataset import Dataset
 from rnntrain.errors import DataError
-from rnntrain.plan import chunk_order, make_plan
-from rnntrain.reader import ChunkReader
+from rnntrain.data.plan import chunk_order, make_plan
+from rnntrain.data.reader import ChunkReader
 
 
 class Tracker:
@@ -89,7 +89,7 @@ def test_reader_over_manifest_in_plan_order(tmp_path, synth_pair):
     """Real chunks: payloads match a whole-file read, served in plan order; a corrupted
     chunk is reported naming it when the reader reaches it."""
     from data_tools.shard import shard
-    from rnntrain import ncdata
+    from rnntrain.data import ncdata
     man = shard([str(synth_pair[0])], 2, str(tmp_path / "d"), chunk_seqs=15)
     ds = Dataset.open(str(man))
     keep = np.ones(ds.num_seqs, bool)
@@ -120,7 +120,7 @@ def test_reader_over_manifest_in_plan_order(tmp_path, synth_pair):
 
 def test_single_file_virtual_chunks(synth_pair):
     """An RNNLIB .nc file is served as contiguous virtual chunks, bit-exact."""
-    from rnntrain import ncdata
+    from rnntrain.data import ncdata
     ds = Dataset.open(str(synth_pair[0]), chunk_frames=500)
     assert len(ds.chunks) > 3
     h, seqs = ncdata.read_file(synth_pair[0])

@@ -8,9 +8,9 @@ import pytest
 
 from conftest import run_cli
 from rnntrain.config import load_config
-from rnntrain.report import phase_seconds, rank_splits, report
-from rnntrain.runs import read_metrics
-from rnntrain.train import train
+from rnntrain.tools.report import phase_seconds, rank_splits, report
+from rnntrain.tools.runs import read_metrics
+from rnntrain.run.train import train
 
 TINY = ["model.layers=1", "train.batch_frames=800", "train.threads=2", "train.log_every=3",
         "train.epochs=2"]

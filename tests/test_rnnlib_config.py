@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from rnntrain.config import load_config
-from rnntrain.ncdata import read_header
+from rnntrain.data.ncdata import read_header
 from tests.conftest import run_cli
 
 # IAM-OnDB style online handwriting (RNNLIB's examples/online_transcription)

@@ -13,8 +13,8 @@ import torch
 from conftest import run_cli
 from rnntrain.config import load_config
 from rnntrain.errors import UserError
-from rnntrain.runs import list_runs, read_metrics, read_status, summarize
-from rnntrain.train import train
+from rnntrain.tools.runs import list_runs, read_metrics, read_status, summarize
+from rnntrain.run.train import train
 
 TINY = ["model.layers=1", "model.hidden=8", "train.batch_frames=800", "train.threads=2",
         "train.log_every=4"]

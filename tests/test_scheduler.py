@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from rnntrain.model import CTCModel, ctc_loss_sum
-from rnntrain.scheduler import (CostModel, Task, TaskError, WorkerPool, default_threads,
+from rnntrain.compute.model import CTCModel, ctc_loss_sum
+from rnntrain.compute.pool import (CostModel, Task, TaskError, WorkerPool, default_threads,
                                 split_tasks)
-from rnntrain.step import FlatGrad, TaskComputer, cost_model_for
+from rnntrain.compute.tasks import FlatGrad, TaskComputer, cost_model_for
 
 from conftest import ROOT
 
@@ -384,7 +384,7 @@ def test_training_runs_are_bit_identical_with_two_workers(synth_pair, tmp_path):
 
 
 def test_intra_threads_context_restores():
-    from rnntrain.scheduler import intra_threads, set_intra_threads
+    from rnntrain.compute.pool import intra_threads, set_intra_threads
     set_intra_threads(1)
     with intra_threads(2):
         assert torch.get_num_threads() == 2

@@ -10,8 +10,8 @@ import pytest
 
 from data_tools.shard import shard
 from data_tools.synth import write_synth
-from rnntrain import ncdata
-from rnntrain.dataset import Dataset
+from rnntrain.data import ncdata
+from rnntrain.data.dataset import Dataset
 from rnntrain.errors import DataError, UserError
 from tests.conftest import run_cli
 
@@ -170,11 +170,11 @@ def test_inspect_manifest_warns_unsorted(tmp_path, two_inputs):
 RSS_SCRIPT = """
 import resource, sys
 from data_tools.shard import shard
-from rnntrain.dataset import Dataset
+from rnntrain.data.dataset import Dataset
 if sys.argv[1] == "shard":
     shard([sys.argv[2]], 4, sys.argv[3], chunk_frames=int(sys.argv[4]))
 else:  # baseline: the same imports and the metadata of the whole corpus
-    from rnntrain import ncdata
+    from rnntrain.data import ncdata
     ncdata.read_header(sys.argv[2])
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """

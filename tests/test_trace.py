@@ -6,9 +6,10 @@ import threading
 
 import pytest
 
-from rnntrain import dist, trace
-from rnntrain.reader import ChunkReader
-from rnntrain.scheduler import Task, WorkerPool
+from rnntrain.parallel import mpi as dist
+from rnntrain.run import trace
+from rnntrain.data.reader import ChunkReader
+from rnntrain.compute.pool import Task, WorkerPool
 
 from conftest import mpiexec, run_cli
 
@@ -156,8 +157,8 @@ def test_trace_merged_across_ranks(synth_pair, tmp_path):
     for pid in (0, 1):
         _check_train_trace(doc, pid, 1, 3, workers=1)
     # rank 0's metric lines carry every rank's step-time split (for `rnntrain report`)
-    from rnntrain.report import rank_splits
-    from rnntrain.runs import read_metrics
+    from rnntrain.tools.report import rank_splits
+    from rnntrain.tools.runs import read_metrics
     train_recs = [r for r in read_metrics(tmp_path / "run") if r["split"] == "train"]
     assert all(len(r["ranks"]) == 2 for r in train_recs)
     assert len(rank_splits(train_recs)) == 2

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from data_tools.synth import make_sequences, label_names
-from rnntrain import ncdata
+from rnntrain.data import ncdata
 from rnntrain.config import load_config
-from rnntrain.dataset import Dataset
-from rnntrain.plan import make_plan, padding_ratio
-from rnntrain.train import train
+from rnntrain.data.dataset import Dataset
+from rnntrain.data.plan import make_plan, padding_ratio
+from rnntrain.run.train import train
 from tests.conftest import run_cli
 
 

@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import DataError
+from rnntrain.errors import DataError
 
 NC_LOCK = threading.RLock()
 

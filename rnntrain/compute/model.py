@@ -90,7 +90,7 @@ class CTCModel(nn.Module):
             if cell == "lstm":
                 self.rnns.append(nn.LSTM(size, hidden, bidirectional=bidirectional))
             else:
-                from .peephole import PeepholeLSTM
+                from rnntrain.compute.peephole import PeepholeLSTM
                 self.rnns.append(PeepholeLSTM(size, hidden, bidirectional=bidirectional))
             size = hidden * dirs
         self.out = nn.Linear(size, self.num_classes)

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .dataset import Chunk, Dataset
-from .errors import DataError, UserError
-from .plan import Step, rng_for
+from rnntrain.data.dataset import Chunk, Dataset
+from rnntrain.errors import DataError, UserError
+from rnntrain.data.plan import Step, rng_for
 
 FORMAT = "rnntrain-manifest"
 VERSION = 1

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import UserError
+from rnntrain.errors import UserError
 
 FORMAT_VERSION = 1
 _PAUSE = bool(os.environ.get("RNNTRAIN_TEST_PAUSE"))  # see faults.pause_point
@@ -32,7 +32,7 @@ def save_atomic(obj: dict, path: Path):
             fh.flush()
             os.fsync(fh.fileno())
         if _PAUSE:  # tests kill the process here: the temp file is complete, not renamed
-            from .faults import pause_point
+            from rnntrain.run.faults import pause_point
             pause_point("ckpt", int(m.group(1)) if (m := _STEP.search(path.name)) else -1)
         os.replace(tmp, path)
     except (OSError, RuntimeError) as e:
@@ -138,7 +138,7 @@ def save_training(folder: Path | None, name: str, cfg, model, opt, state: dict, 
     """
     if folder is None:
         return
-    from .config import to_dict
+    from rnntrain.config import to_dict
     save_atomic({"format": FORMAT_VERSION, "model": model.state_dict(),
                  "optim": opt.state_dict(), "state": dict(state), "config": to_dict(cfg),
                  "labels": list(ds.labels), "input_size": ds.input_size,

@@ -20,7 +20,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from .errors import UserError
+from rnntrain.errors import UserError
 
 # Variables that MPI launchers put into each rank's environment. Presence of one means
 # "started by a launcher, initialise MPI"; the world size then comes from MPI itself.

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import UserError
-from .runs import RunSummary, read_metrics, read_status, summarize
+from rnntrain.errors import UserError
+from rnntrain.tools.runs import RunSummary, read_metrics, read_status, summarize
 
 # the Window fields of a train record that make up a step, as the trainer measures them
 SPLIT_KEYS = ("data_wait_s", "compute_s", "reduce_s", "comm_s", "update_s", "barrier_idle")

@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
-from .decode import edit_ops
-from .device import Fence, LossScaler, autocast_dtype, to_device
-from .model import ctc_loss_sum, training_flops_per_frame
-from .plan import bucket_length, rng_for
-from .scheduler import CostModel, Task
+from rnntrain.decode.score import edit_ops
+from rnntrain.compute.device import Fence, LossScaler, autocast_dtype, to_device
+from rnntrain.compute.model import ctc_loss_sum, training_flops_per_frame
+from rnntrain.data.plan import bucket_length, rng_for
+from rnntrain.compute.pool import CostModel, Task
 
 # loss sum, sequences, frames, label errors, reference labels: carried at the end of every
 # task buffer and of the gradient message, so the reduce and one collective sum both, and

@@ -17,25 +17,25 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from . import checkpoint as ckpt
-from . import dist
-from . import trace
-from .config import Config, to_dict, to_toml
-from .dataset import Dataset, check_compatible
-from .device import autocast_dtype, host_every, pick_device, worker_start
-from .errors import UserError
-from .evaluate import evaluate
-from .exchange import Exchange
-from .faults import BadSteps, StopFlag, pause_point, resume_hint
-from .manifest import remainder_note
-from .model import build_model, count_params, init_uniform
-from .optim import build_optimizer, lr_factor, set_lr
-from .plan import chunk_order, make_plan, padding_ratio
-from .report import per_rank_split
-from .reader import ChunkReader
-from .runlog import RunLog, default_run_dir
-from .scheduler import Task, WorkerPool, default_threads, intra_threads, split_tasks
-from .step import FlatGrad, TaskComputer, cost_model_for
+from rnntrain.run import checkpoint as ckpt
+from rnntrain.parallel import mpi as dist
+from rnntrain.run import trace
+from rnntrain.config import Config, to_dict, to_toml
+from rnntrain.data.dataset import Dataset, check_compatible
+from rnntrain.compute.device import autocast_dtype, host_every, pick_device, worker_start
+from rnntrain.errors import UserError
+from rnntrain.run.evaluate import evaluate
+from rnntrain.parallel.exchange import Exchange
+from rnntrain.run.faults import BadSteps, StopFlag, pause_point, resume_hint
+from rnntrain.data.manifest import remainder_note
+from rnntrain.compute.model import build_model, count_params, init_uniform
+from rnntrain.compute.optim import build_optimizer, lr_factor, set_lr
+from rnntrain.data.plan import chunk_order, make_plan, padding_ratio
+from rnntrain.tools.report import per_rank_split
+from rnntrain.data.reader import ChunkReader
+from rnntrain.run.runlog import RunLog, default_run_dir
+from rnntrain.compute.pool import Task, WorkerPool, default_threads, intra_threads, split_tasks
+from rnntrain.compute.tasks import FlatGrad, TaskComputer, cost_model_for
 
 
 def describe_skipped(ds: Dataset, keep: np.ndarray, what: str) -> str:

@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from . import trace
+from rnntrain.run import trace
 
 
 class TaskError(RuntimeError):

@@ -22,7 +22,7 @@ import threading
 
 import numpy as np
 
-from .errors import UserError
+from rnntrain.errors import UserError
 
 PAUSE_ENV = "RNNTRAIN_TEST_PAUSE"
 
@@ -84,7 +84,7 @@ class BadSteps:
     """
 
     def __init__(self, state: dict, max_bad: int, device):
-        from .device import NanGuard
+        from rnntrain.compute.device import NanGuard
         self.state, self.max_bad = state, max_bad
         state.setdefault("bad_in_row", 0)
         state.setdefault("bad_total", 0)

@@ -15,7 +15,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .errors import UserError
+from rnntrain.errors import UserError
 
 
 @dataclass

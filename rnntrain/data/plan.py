@@ -113,7 +113,7 @@ def make_plan(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
     if round_lengths:
         ds = _Rounded(ds, bucket_lengths(ds.lengths, round_lengths))
     if len(ds.shards) > 1:
-        from .manifest import plan_sharded
+        from rnntrain.data.manifest import plan_sharded
         return plan_sharded(ds, keep, batch_frames, seed, epoch, rank, world, shuffle)
     rng = rng_for(seed, epoch)
     chunk_ids = np.arange(len(ds.chunks))

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import UserError
+from rnntrain.errors import UserError
 
 
 def default_run_dir(config_path: str | None, overrides: list[str], resolved_toml: str) -> Path:

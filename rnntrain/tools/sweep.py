@@ -18,9 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-from .config import load_config, parse_override
-from .errors import UserError
-from .runs import read_status, summarize
+from rnntrain.config import load_config, parse_override
+from rnntrain.errors import UserError
+from rnntrain.tools.runs import read_status, summarize
 
 RESULT_KEYS = ("status", "epochs_done", "steps", "best_val_ler", "best_epoch",
                "last_val_ler", "last_train_loss", "frames_per_s", "wall_s")

@@ -5,7 +5,7 @@ sequences of about ``chunk_frames`` frames, or a manifest written by ``rnntrain-
 shard`` (chunk files grouped into shards). Either way the trainer sees the same thing:
 global sequence ids 0..N-1 with lengths, targets and tags, and a list of chunks, each a
 contiguous row range of one file. Plans are made from this metadata alone
-(``rnntrain.plan``); frames are read only by ``load_chunk``, on the reader thread.
+(``rnntrain.data.plan``); frames are read only by ``load_chunk``, on the reader thread.
 """
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import ncdata
-from .errors import DataError, UserError
-from .model import min_frames
+from rnntrain.data import ncdata
+from rnntrain.errors import DataError, UserError
+from rnntrain.compute.model import min_frames
 
 
 @dataclass
@@ -73,7 +73,7 @@ class Dataset:
         """Read chunk k → {sequence id: (T_i, F) float32}. Call from the reader thread only."""
         c = self.chunks[k]
         if c.sha256:
-            from .manifest import verify_chunk
+            from rnntrain.data.manifest import verify_chunk
             verify_chunk(c)
         rows = ncdata.read_rows(c.path, c.row_start, c.row_stop)
         # offsets relative to the chunk; the sequences are contiguous in the file
@@ -98,7 +98,7 @@ class Dataset:
                                 "an interrupted rnntrain-data shard: run it again)")
             p = p / "manifest.json"
         if p.suffix == ".json":
-            from .manifest import open_manifest
+            from rnntrain.data.manifest import open_manifest
             return open_manifest(p)
         if not p.exists():
             raise UserError(f"{path}: data file not found")

@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from .errors import UserError
+from rnntrain.errors import UserError
 
 _on = False                 # inside the window: the one check on the hot path
 _cfg: dict | None = None    # {"path", "first", "last"} once configure() was called

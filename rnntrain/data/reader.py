@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Callable
 
-from . import trace
+from rnntrain.run import trace
 
 
 class ChunkReader:

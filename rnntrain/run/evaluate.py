@@ -10,11 +10,12 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .decode import ErrorCounts, best_path, prefix_beam_search
-from .plan import make_plan
-from .reader import ChunkReader
-from .step import collate
-from .model import ctc_loss_sum
+from rnntrain.decode.score import ErrorCounts
+from rnntrain.decode.search import best_path, prefix_beam_search
+from rnntrain.data.plan import make_plan
+from rnntrain.data.reader import ChunkReader
+from rnntrain.compute.tasks import collate
+from rnntrain.compute.model import ctc_loss_sum
 
 
 @torch.no_grad()

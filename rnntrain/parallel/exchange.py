@@ -23,9 +23,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .device import masked_step
-from .errors import UserError
-from .step import N_STATS, FlatGrad
+from rnntrain.compute.device import masked_step
+from rnntrain.errors import UserError
+from rnntrain.compute.tasks import N_STATS, FlatGrad
 
 # header of a 16-bit message, float32: scale, non-finite flag, then the N_STATS stats
 _HDR = 2 + N_STATS

@@ -16,7 +16,7 @@ import threading
 
 import torch
 
-from .errors import UserError
+from rnntrain.errors import UserError
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 

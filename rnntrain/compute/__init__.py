@@ -1,0 +1,1 @@
+"""Stage 2, compute: the model, the device, the worker pool and the per-task step."""

@@ -1,0 +1,1 @@
+"""Decoding CTC outputs and scoring hypotheses (RNNLIB's error figures)."""

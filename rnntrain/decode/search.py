@@ -1,0 +1,54 @@
+"""Decoding CTC outputs: label sequences from per-frame log-probabilities.
+
+Best path (greedy): argmax per frame, merge repeats, drop blanks. Prefix beam search:
+the standard CTC prefix search over blank/non-blank ending probabilities.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def best_path(log_probs: np.ndarray, length: int, blank: int) -> list[int]:
+    """log_probs: (T, C) for one sequence → label indices."""
+    path = np.argmax(log_probs[:length], axis=1)
+    out, prev = [], -1
+    for p in path.tolist():
+        if p != prev and p != blank:
+            out.append(p)
+        prev = p
+    return out
+
+
+def prefix_beam_search(log_probs: np.ndarray, length: int, blank: int, beam: int = 8) -> list[int]:
+    """log_probs: (T, C) for one sequence → most probable label sequence (approximately)."""
+    lp = np.asarray(log_probs[:length], dtype=np.float64)
+    ninf = -np.inf
+    beams = {(): (0.0, ninf)}  # prefix -> (log P ending in blank, log P ending in non-blank)
+    for t in range(lp.shape[0]):
+        row = lp[t]
+        # only labels that could matter: the top ones at this frame
+        cand = np.argsort(row)[::-1][:max(beam, 1) + 1]
+        nxt: dict[tuple, list[float]] = {}
+
+        def add(prefix, b, nb):
+            cur = nxt.setdefault(prefix, [ninf, ninf])
+            cur[0], cur[1] = np.logaddexp(cur[0], b), np.logaddexp(cur[1], nb)
+
+        for prefix, (pb, pnb) in beams.items():
+            ptot = np.logaddexp(pb, pnb)
+            add(prefix, ptot + row[blank], ninf)
+            last = prefix[-1] if prefix else None
+            for c in cand.tolist():
+                if c == blank:
+                    continue
+                if c == last:
+                    add(prefix, ninf, pnb + row[c])           # repeat collapses
+                    add(prefix + (c,), ninf, pb + row[c])     # needs a blank between
+                else:
+                    add(prefix + (c,), ninf, ptot + row[c])
+        beams = dict(sorted(nxt.items(), key=lambda kv: -np.logaddexp(*kv[1]))[:beam])
+        beams = {k: (v[0], v[1]) for k, v in beams.items()}
+    best = max(beams.items(), key=lambda kv: np.logaddexp(*kv[1]))
+    return list(best[0])
+
+

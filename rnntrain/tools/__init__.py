@@ -1,0 +1,1 @@
+"""Tools over finished or running runs: listing, sweeps, reports."""
