@@ -1,4 +1,4 @@
-"""Audio (WAV) or arrays (.npy) listed in a LIST.tsv → normalised RNNLIB NetCDF.
+"""Audio (WAV, FLAC, ...) or arrays (.npy) listed in a LIST.tsv → normalised RNNLIB NetCDF.
 
 LIST.tsv: one utterance per line, ``path<TAB>transcript``; the transcript is a space-
 separated list of label names (it may be empty); relative paths are relative to the list's
@@ -8,7 +8,9 @@ Normalisation: per-feature mean and standard deviation are computed on the list 
 converted (the training list) and saved as JSON next to the output (or ``--save-stats``),
 together with the feature settings and the alphabet; ``--stats FILE`` applies saved
 statistics instead, so validation and test sets are normalised exactly like training and
-share its alphabet and feature settings.
+share its alphabet and feature settings. The feature settings and statistics are also
+written into the output as the global attribute ``rnntrain_frontend`` (``rnntrain.frontend``),
+which training copies into its checkpoints so that a model can transcribe raw recordings.
 
 Streaming: two passes over the list (lengths and statistics, then frames), one utterance in
 memory at a time; the output is written under a temporary name and renamed at the end.
@@ -16,9 +18,7 @@ memory at a time; the output is written under a temporary name and renamed at th
 from __future__ import annotations
 
 import json
-import math
 import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,8 +26,9 @@ import numpy as np
 
 from rnntrain.errors import UserError
 from rnntrain.data.ncdata import NcWriter
-
-from . import features as feat
+from rnntrain.frontend import ATTR as FRONTEND_ATTR, FrontEnd, normalise
+from rnntrain.frontend import features as feat
+from rnntrain.frontend.audio import load_signal, read_audio
 
 STATS_VERSION = 1
 
@@ -72,48 +73,16 @@ def _where(list_path, e: Entry) -> str:
 # ---------------------------------------------------------------- sources
 
 
-def read_wav(path) -> tuple[int, np.ndarray]:
-    """→ (rate, mono float64 signal in [-1, 1]). Raises UserError naming the file."""
-    from scipy.io import wavfile
-    if not os.path.isfile(path):
-        raise UserError(f"{path}: file not found")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # odd chunks (LIST/INFO) are skipped anyway
-            rate, x = wavfile.read(path)
-    except (ValueError, OSError, EOFError) as e:
-        raise UserError(f"{path}: cannot read as WAV ({e})") from None
-    if x.dtype == np.uint8:
-        x = (x.astype(np.float64) - 128.0) / 128.0
-    elif x.dtype.kind == "i":
-        x = x.astype(np.float64) / float(2 ** (8 * x.dtype.itemsize - 1))
-    elif x.dtype.kind == "f":
-        x = x.astype(np.float64)
-    else:
-        raise UserError(f"{path}: unsupported WAV sample type {x.dtype}")
-    if x.ndim == 2:
-        x = x.mean(axis=1)  # stereo (or more) → mono
-    if x.size == 0:
-        raise UserError(f"{path}: WAV file has no samples")
-    if not np.isfinite(x).all():
-        raise UserError(f"{path}: WAV file contains NaN or Inf samples")
-    return int(rate), x
-
-
 class AudioSource:
-    """WAV files → features (FeatureConfig); other sample rates are resampled."""
+    """Audio files (WAV, FLAC, ...) → features (FeatureConfig); other sample rates are
+    resampled, channels averaged (``rnntrain.frontend.audio``, as inference does)."""
 
     def __init__(self, cfg: feat.FeatureConfig):
         self.cfg, self.fb = cfg, feat.mel_filterbank(cfg)
         self.size = cfg.size
 
     def signal(self, path) -> np.ndarray:
-        rate, x = read_wav(path)
-        if rate != self.cfg.rate:
-            from scipy.signal import resample_poly
-            g = math.gcd(rate, self.cfg.rate)
-            x = resample_poly(x, self.cfg.rate // g, rate // g)
-        return x
+        return load_signal(path, self.cfg.rate)
 
     def features(self, path) -> np.ndarray:
         return feat.compute(self.signal(path), self.cfg, self.fb)
@@ -192,7 +161,14 @@ class Stats:
     source: dict          # feature settings (or "arrays") the statistics belong to
 
     def apply(self, x: np.ndarray) -> np.ndarray:
-        return ((x - self.mean) / self.std).astype(np.float32)
+        return normalise(x, self.mean, self.std)  # the function inference applies too
+
+    def frontend(self) -> FrontEnd:
+        """The record written into the .nc file (and from there into checkpoints)."""
+        src = dict(self.source)
+        kind = src.pop("source", "arrays")
+        fc = feat.FeatureConfig(**src) if kind == "audio" else None
+        return FrontEnd(kind, len(self.mean), self.mean, self.std, fc)
 
     def save(self, path):
         p = Path(path)
@@ -276,8 +252,10 @@ def convert(list_path, out, source, stats_path=None, save_stats=None, labels=Non
 
     # pass 2: normalised frames, one utterance at a time
     tags = [e.path.name for e in entries]
+    # the front end travels with the data (a global attribute RNNLIB ignores): training
+    # copies it into the checkpoint, so the model can transcribe raw recordings later
     with NcWriter(out, labels, source.size, lengths, [" ".join(e.transcript) for e in entries],
-                  tags, fmt) as w:
+                  tags, fmt, attrs={FRONTEND_ATTR: stats.frontend().to_json()}) as w:
         for e, n in zip(tqdm(entries, desc="pass 2/2 (write)", **bar), lengths):
             x = source.features(str(e.path))
             if len(x) != n:
@@ -301,7 +279,7 @@ def feature_config(kind: str | None, rate: int | None, mels: int | None, stats_p
         return cfg
     if rate is None:
         first = read_list(list_path)[0]
-        rate = read_wav(str(first.path))[0]
+        rate = read_audio(str(first.path))[0]
     try:
         return feat.FeatureConfig(kind=kind or "fbank", rate=rate, n_mels=mels or 40)
     except ValueError as e:

@@ -47,6 +47,8 @@ class Dataset:
     shards: list[list[int]]      # chunk indices of each shard
     within: str = "sorted"       # "sorted" (ours) or "shuffle" (the RNNLIB recipe)
     _headers: dict = field(default_factory=dict, repr=False)
+    has_targets: bool = True     # False: opened for decoding a file without targetStrings
+    frontend: dict | None = None  # the converters' front end (rnntrain.frontend), if recorded
 
     @property
     def num_seqs(self) -> int:
@@ -90,7 +92,9 @@ class Dataset:
         return {int(s): rows[offs[j]:offs[j + 1]] for j, s in enumerate(c.seqs)}
 
     @staticmethod
-    def open(path: str, chunk_frames: int = 2_000_000) -> "Dataset":
+    def open(path: str, chunk_frames: int = 2_000_000, need_targets: bool = True) -> "Dataset":
+        """A .nc file, a sharded dataset's folder or its manifest.json. need_targets=False
+        accepts a .nc file without targetStrings (decoding)."""
         p = Path(path)
         if p.is_dir():
             if not (p / "manifest.json").is_file():
@@ -99,10 +103,13 @@ class Dataset:
             p = p / "manifest.json"
         if p.suffix == ".json":
             from rnntrain.data.manifest import open_manifest
-            return open_manifest(p)
+            ds = open_manifest(p)
+            if ds.chunks:  # the shard tool copies its inputs' front end into every chunk
+                ds.frontend = read_frontend(ds.chunks[0].path)
+            return ds
         if not p.exists():
             raise UserError(f"{path}: data file not found")
-        return from_nc(str(p), chunk_frames)
+        return from_nc(str(p), chunk_frames, need_targets)
 
 
 def virtual_chunks(path: str, lengths: np.ndarray, chunk_frames: int, first_id: int = 0,
@@ -118,11 +125,21 @@ def virtual_chunks(path: str, lengths: np.ndarray, chunk_frames: int, first_id: 
     return chunks
 
 
-def from_nc(path: str, chunk_frames: int) -> Dataset:
-    h = ncdata.read_header(path)
+def from_nc(path: str, chunk_frames: int, need_targets: bool = True) -> Dataset:
+    h = ncdata.read_header(path, need_targets)
     chunks = virtual_chunks(path, h.lengths, chunk_frames)
     return Dataset(path, h.labels, h.input_size, h.lengths, h.targets, h.tags, chunks,
-                   [list(range(len(chunks)))])
+                   [list(range(len(chunks)))], has_targets=h.has_targets,
+                   frontend=read_frontend(path))
+
+
+def read_frontend(path: str) -> dict | None:
+    """The front end recorded by the converters (a checked plain dict), or None."""
+    from rnntrain.frontend import ATTR, FrontEnd
+    text = ncdata.read_attrs(path).get(ATTR)
+    if text is None:
+        return None
+    return FrontEnd.from_json(str(text), f"{path}, attribute '{ATTR}'").to_dict()
 
 
 def check_compatible(a: Dataset, b: Dataset, what: str):
@@ -133,3 +150,7 @@ def check_compatible(a: Dataset, b: Dataset, what: str):
     if a.labels != b.labels:
         raise DataError(b.source, f"alphabet differs from {what} {a.source} "
                                   f"({b.labels[:10]} vs {a.labels[:10]})", var="labels")
+    if a.frontend is not None and b.frontend is not None and a.frontend != b.frontend:
+        raise DataError(b.source, f"features or normalisation statistics differ from {what} "
+                                  f"{a.source} (attribute 'rnntrain_frontend'; convert it with "
+                                  f"--stats of the training set)")

@@ -43,7 +43,8 @@ class NcHeader:
     """Everything about a file except the input frames (small; kept in memory).
 
     lengths: (N,) int64 frames per sequence; offsets: (N+1,) first row of each sequence;
-    targets: N int32 arrays of label indices; tags: N names.
+    targets: N int32 arrays of label indices (empty when the file has no targetStrings and
+    they were not required: has_targets False); tags: N names.
     """
     path: str
     input_size: int
@@ -51,6 +52,7 @@ class NcHeader:
     lengths: np.ndarray
     targets: list[np.ndarray]
     tags: list[str]
+    has_targets: bool = True
     offsets: np.ndarray = field(init=False)
 
     def __post_init__(self):
@@ -103,8 +105,12 @@ def _strings(ds, name: str, path: str, required: bool) -> list[str] | None:
     return out
 
 
-def read_header(path) -> NcHeader:
-    """Read and validate everything but the inputs. Raises DataError naming file/var/seq."""
+def read_header(path, need_targets: bool = True) -> NcHeader:
+    """Read and validate everything but the inputs. Raises DataError naming file/var/seq.
+
+    need_targets=False: a file without ``targetStrings`` (data to transcribe) is accepted,
+    with empty targets and ``has_targets`` False.
+    """
     path = str(path)
     with NC_LOCK, _open(path) as ds:
         check_complete(path)
@@ -145,7 +151,9 @@ def read_header(path) -> NcHeader:
         if len(lengths) != n:
             raise DataError(path, f"has {len(lengths)} entries but numSeqs = {n}", var=lv)
         labels = _strings(ds, "labels", path, required=True)
-        targ = _strings(ds, "targetStrings", path, required=True)
+        targ = _strings(ds, "targetStrings", path, required=need_targets)
+        has_targets = targ is not None
+        targ = targ if has_targets else [""] * n
         tags = _strings(ds, "seqTags", path, required=False) or [""] * n
         total = inp.shape[0]
     if not labels:
@@ -175,7 +183,13 @@ def read_header(path) -> NcHeader:
                                   f"({len(labels)} labels: {' '.join(labels[:20])}"
                                   f"{' ...' if len(labels) > 20 else ''})",
                             var="targetStrings", seq=i, tag=tags[i]) from None
-    return NcHeader(path, f, labels, lengths, targets, tags)
+    return NcHeader(path, f, labels, lengths, targets, tags, has_targets)
+
+
+def read_attrs(path) -> dict:
+    """The file's global attributes ({} when it has none)."""
+    with NC_LOCK, _open(path) as ds:
+        return {k: ds.getncattr(k) for k in ds.ncattrs()}
 
 
 def read_rows(path, start: int, stop: int) -> np.ndarray:
@@ -231,11 +245,14 @@ class NcWriter:
     Targets and tags are known up front (small); frames arrive with ``append`` so that
     converters never hold more than one sequence (or one chunk) of frames. The file is
     written under a temporary name and renamed by ``close()`` (never half-written).
+    ``attrs``: global attributes (str or numbers), e.g. the converters' front end; RNNLIB
+    ignores attributes, so the file stays an RNNLIB file.
     """
 
     def __init__(self, path, labels: Sequence[str], input_size: int, lengths: Sequence[int],
                  targets: Sequence[str], tags: Sequence[str] | None = None,
-                 fmt: str = "NETCDF3_64BIT_OFFSET", dtype=np.float32):
+                 fmt: str = "NETCDF3_64BIT_OFFSET", dtype=np.float32,
+                 attrs: dict | None = None):
         if fmt not in FORMATS:
             raise ValueError(f"unknown NetCDF format {fmt!r}; choose one of {FORMATS}")
         lengths = np.asarray(lengths, dtype=np.int64)
@@ -248,6 +265,8 @@ class NcWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with NC_LOCK:
             ds = self.ds = _nc().Dataset(str(self.tmp), "w", format=fmt)
+            for k, v in (attrs or {}).items():
+                ds.setncattr(k, v)
             ds.createDimension("numSeqs", n)
             ds.createDimension("numTimesteps", self.total)
             ds.createDimension("inputPattSize", input_size)
