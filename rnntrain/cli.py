@@ -1,4 +1,4 @@
-"""``rnntrain`` command line: train, eval, decode, runs, sweep, report.
+"""``rnntrain`` command line: train, eval, decode, transcribe, export, runs, sweep, report.
 
 User mistakes (UserError, a ValueError) print one line and exit 2, without a traceback.
 """
@@ -32,7 +32,7 @@ def _cmd_train(args) -> int:
     return 0
 
 
-def _load_for_eval(checkpoint: str, data: str, device: str):
+def _load_for_eval(checkpoint: str, data: str, device: str, need_targets: bool = True):
     import torch
     from rnntrain.run import checkpoint as ckpt
     from rnntrain.config import config_from_dict
@@ -40,17 +40,19 @@ def _load_for_eval(checkpoint: str, data: str, device: str):
     from rnntrain.errors import DataError
     from rnntrain.compute.model import build_model
     from rnntrain.compute.device import pick_device
-    ck = ckpt.load(checkpoint)
+    from rnntrain.infer.model import resolve
+    ck = ckpt.load(resolve(checkpoint))  # a run folder means its best checkpoint
     cfg = config_from_dict(ck["config"])
-    ds = Dataset.open(data, cfg.data.chunk_frames)
+    ds = Dataset.open(data, cfg.data.chunk_frames, need_targets=need_targets)
     if ds.input_size != ck["input_size"]:
         raise DataError(data, f"inputPattSize {ds.input_size} differs from the checkpoint's "
                               f"({ck['input_size']})")
-    if ds.labels != ck["labels"]:
+    if ds.has_targets and ds.labels != ck["labels"]:
         raise DataError(data, "alphabet differs from the checkpoint's", var="labels")
     dev = pick_device(device)
     model = build_model(cfg.model, ck["input_size"], len(ck["labels"]))
     model.load_state_dict(ck["model"])
+    model.labels = list(ck["labels"])  # the checkpoint's names (a file to decode may have none)
     model.to(dev)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     return cfg, ds, model, dev
@@ -78,15 +80,17 @@ def _cmd_decode(args) -> int:
     if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         raise UserError(f"--out {args.out}: its folder does not exist")  # before decoding
     from rnntrain.run.evaluate import evaluate
-    cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device)
-    keep = ds.feasible(cfg.model.subsample)
+    cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device,
+                                         need_targets=False)
+    import numpy as np
+    labels = model.labels
+    # every sequence is decoded: a target (absent, or a placeholder) is not needed for that
+    keep = np.ones(ds.num_seqs, dtype=bool)
     hyps: dict[int, list[int]] = {}
     evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev, beam=args.beam,
-             on_hyp=lambda s, h: hyps.__setitem__(s, h))
-    lines = []
-    for i in range(ds.num_seqs):
-        hyp = " ".join(ds.labels[k] for k in hyps[i]) if i in hyps else "<skipped: too short>"
-        lines.append(f"{ds.tag(i)}\t{hyp}\n")
+             on_hyp=lambda s, h: hyps.__setitem__(s, h), score=False)
+    lines = [f"{ds.tag(i)}\t{' '.join(labels[k] for k in hyps[i])}\n"
+             for i in range(ds.num_seqs)]
     if not args.out:
         sys.stdout.writelines(lines)
         return 0
@@ -101,6 +105,50 @@ def _cmd_decode(args) -> int:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+    return 0
+
+
+def _cmd_transcribe(args) -> int:
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        raise UserError(f"--out {args.out}: its folder does not exist")
+    if args.beam < 0 or args.threads < 0:
+        raise UserError("--beam and --threads must be >= 0")
+    from rnntrain.infer.model import load
+    from rnntrain.infer.transcribe import expand, transcribe
+    expand(args.inputs)  # every input exists and is of a known kind, before the model loads
+    threads = args.threads or os.cpu_count() or 1
+    # ONNX Runtime: one intra-op thread per worker thread, as for torch
+    model = load(args.model, device=args.device, threads=1 if threads > 1 else 0)
+    if not args.out:
+        transcribe(model, args.inputs, args.beam, threads, args.json, sys.stdout)
+        return 0
+    tmp = f"{args.out}.tmp{os.getpid()}"  # no partial file under the name if interrupted
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            n = transcribe(model, args.inputs, args.beam, threads, args.json, fh)
+        os.replace(tmp, args.out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    print(f"wrote {n} lines to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _cmd_export(args) -> int:
+    from rnntrain.infer.export import FORMATS, TOLERANCE
+    if args.format not in FORMATS:
+        raise UserError(f"--format {args.format!r}: choose one of {', '.join(FORMATS)}")
+    from rnntrain.infer.model import load
+    from rnntrain.infer.transcribe import expand
+    model = load(args.model)
+    frames = None
+    if args.check:  # real utterances to check the export on (default: random frames)
+        frames = [model.frames(s.path) for s in expand(args.check)[:8] if s.kind == "file"]
+    path = model.export(args.out, args.format, frames)
+    fe = model.frontend.describe() if model.frontend is not None else "no front end"
+    print(f"wrote {path}: {args.format}, {len(model.labels)} labels, {model.input_size} "
+          f"inputs, stacking {model.subsample}; {fe}; log-probs checked against the model "
+          f"(max difference <= {TOLERANCE:g})")
     return 0
 
 
@@ -139,8 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, hlp in (("eval", "score a checkpoint on a dataset"),
                       ("decode", "print tag and hypothesis per sequence")):
         e = sub.add_parser(name, help=hlp)
-        e.add_argument("checkpoint")
-        e.add_argument("data", help=".nc file or dataset manifest")
+        e.add_argument("checkpoint", help="checkpoint, or a run folder (its best.pt)")
+        e.add_argument("data", help=".nc file or dataset manifest" +
+                       (" (targets optional)" if name == "decode" else ""))
         e.add_argument("--beam", type=int, default=0, help="prefix beam search width (0 = off)")
         e.add_argument("--device", default="cpu")
         e.add_argument("--batch-frames", type=int, default=0)
@@ -148,6 +197,28 @@ def build_parser() -> argparse.ArgumentParser:
             e.add_argument("--json", action="store_true")
         else:
             e.add_argument("--out", help="write here instead of stdout")
+    tr = sub.add_parser("transcribe", help="transcribe audio, feature arrays or NetCDF files",
+                        description="One line per utterance: input, hypothesis, and the time "
+                                    "(s) of each label's CTC peak (TSV), or JSON lines.")
+    tr.add_argument("model", help="checkpoint, run folder (its best.pt) or exported model")
+    tr.add_argument("inputs", nargs="+", metavar="INPUT",
+                    help="audio files (WAV, FLAC, ...), .npy arrays, .nc files, folders, or "
+                         "list files (one path per line)")
+    tr.add_argument("--beam", type=int, default=0, help="prefix beam search width (0 = best "
+                                                        "path)")
+    tr.add_argument("--json", action="store_true", help="JSON lines instead of TSV")
+    tr.add_argument("--out", help="write here instead of stdout")
+    tr.add_argument("--threads", type=int, default=0,
+                    help="utterances in parallel (default: the cores)")
+    tr.add_argument("--device", default="cpu", help="checkpoints: cpu, cuda, cuda:N")
+    x = sub.add_parser("export", help="export a model as TorchScript or ONNX",
+                       description="Write the model (fp32, variable batch and length, labels "
+                                   "and front end as metadata), checked against the model.")
+    x.add_argument("model", help="checkpoint or run folder")
+    x.add_argument("--format", required=True, help="torchscript or onnx")
+    x.add_argument("--out", required=True, help="output file (.pt/.ts or .onnx)")
+    x.add_argument("--check", nargs="*", metavar="INPUT", default=None,
+                   help="audio or .npy files to check the export on (default: random frames)")
     r = sub.add_parser("runs", help="list run folders: status, epochs, best LER, speed")
     r.add_argument("dir", nargs="?", default="runs", help="folder to search (default runs)")
     r.add_argument("--json", action="store_true")
@@ -180,7 +251,8 @@ def main(argv=None) -> int:
     elif extra:
         build_parser().error(f"unrecognized arguments: {' '.join(extra)}")
     handler = {"train": _cmd_train, "eval": _cmd_eval, "decode": _cmd_decode,
-               "runs": _cmd_runs, "sweep": _cmd_sweep, "report": _cmd_report}[args.cmd]
+               "transcribe": _cmd_transcribe, "export": _cmd_export, "runs": _cmd_runs,
+               "sweep": _cmd_sweep, "report": _cmd_report}[args.cmd]
     try:
         return handler(args)
     except UserError as e:
@@ -196,3 +268,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"rnntrain {args.cmd}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader of our output went away (`rnntrain transcribe ... | head`): stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141

@@ -109,7 +109,7 @@ def read_header(path, need_targets: bool = True) -> NcHeader:
     """Read and validate everything but the inputs. Raises DataError naming file/var/seq.
 
     need_targets=False: a file without ``targetStrings`` (data to transcribe) is accepted,
-    with empty targets and ``has_targets`` False.
+    with empty targets and ``has_targets`` False (and without ``labels``: an empty list).
     """
     path = str(path)
     with NC_LOCK, _open(path) as ds:
@@ -150,13 +150,15 @@ def read_header(path, need_targets: bool = True) -> NcHeader:
         lengths = lengths.astype(np.int64)
         if len(lengths) != n:
             raise DataError(path, f"has {len(lengths)} entries but numSeqs = {n}", var=lv)
-        labels = _strings(ds, "labels", path, required=True)
+        labels = _strings(ds, "labels", path, required=need_targets)
         targ = _strings(ds, "targetStrings", path, required=need_targets)
         has_targets = targ is not None
         targ = targ if has_targets else [""] * n
         tags = _strings(ds, "seqTags", path, required=False) or [""] * n
         total = inp.shape[0]
-    if not labels:
+    if labels is None:  # data to transcribe: no alphabet, no targets
+        labels = []
+    elif not labels:
         raise DataError(path, "the alphabet is empty (numLabels = 0)", var="labels")
     if len(set(labels)) != len(labels) or any(not lb or lb.split() != [lb] for lb in labels):
         dup = [lb for lb in labels if labels.count(lb) > 1 or not lb or lb.split() != [lb]]

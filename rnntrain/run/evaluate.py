@@ -21,11 +21,12 @@ from rnntrain.compute.model import ctc_loss_sum
 @torch.no_grad()
 def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.device, comm=None,
              beam: int = 0, on_hyp: Callable[[int, list[int]], None] | None = None,
-             progress=None) -> dict[str, ErrorCounts]:
+             progress=None, score: bool = True) -> dict[str, ErrorCounts]:
     """Score ``ds`` (only sequences with keep[i]); returns {"best": counts[, "beam": counts]}.
 
     Infeasible sequences (keep False) are counted as skipped. on_hyp(seq id, labels) is
     called with each best-path (or, with beam > 0, beam) hypothesis, in plan order.
+    score=False (decoding: targets absent or not needed) skips the CTC loss.
     """
     rank, world = (comm.rank, comm.size) if comm is not None else (0, 1)
     was_training = model.training
@@ -49,7 +50,7 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
                 x, lengths = collate([payload[s] for s in seqs])
                 lp, out_len = model(x.to(device), lengths)
                 targets = [ds.targets[s] for s in seqs]
-                loss = float(ctc_loss_sum(lp, out_len, targets, model.blank))
+                loss = float(ctc_loss_sum(lp, out_len, targets, model.blank)) if score else 0.0
                 lp = lp.float().cpu().numpy()
                 c = counts["best"]
                 c.loss_sum += loss
