@@ -258,6 +258,11 @@ def main(argv=None) -> int:
     except UserError as e:
         print(f"rnntrain {args.cmd}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader of our output went away (`rnntrain transcribe ... | head`): stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except OSError as e:
         if e.errno not in _STORAGE_ERRORS:
             raise
@@ -268,8 +273,3 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"rnntrain {args.cmd}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        # the reader of our output went away (`rnntrain transcribe ... | head`): stop quietly
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 141
