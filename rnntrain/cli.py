@@ -43,7 +43,10 @@ def _load_for_eval(checkpoint: str, data: str, device: str, need_targets: bool =
     from rnntrain.infer.model import resolve
     ck = ckpt.load(resolve(checkpoint))  # a run folder means its best checkpoint
     cfg = config_from_dict(ck["config"])
-    ds = Dataset.open(data, cfg.data.chunk_frames, need_targets=need_targets)
+    ds = Dataset.open(data, cfg.data.chunk_frames, need_targets=False)
+    if need_targets and not ds.has_targets:
+        raise DataError(data, "missing variable: no targets to score against (rnntrain "
+                              "decode or transcribe need none)", var="targetStrings")
     if ds.input_size != ck["input_size"]:
         raise DataError(data, f"inputPattSize {ds.input_size} differs from the checkpoint's "
                               f"({ck['input_size']})")

@@ -80,9 +80,14 @@ def export(model, out, fmt: str, check_frames: list[np.ndarray] | None = None) -
     try:
         with torch.no_grad():
             if fmt == "torchscript":
-                scripted = torch.jit.script(graph)
-                torch.jit.save(scripted, str(tmp),
-                               _extra_files={EXPORT_META: model.meta.to_json()})
+                with warnings.catch_warnings():
+                    # torch 2.13 deprecates TorchScript in favour of torch.export, whose
+                    # files need torch to run too; TorchScript still runs from C++
+                    # (libtorch) without Python, which is what this format is for
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    scripted = torch.jit.script(graph)
+                    torch.jit.save(scripted, str(tmp),
+                                   _extra_files={EXPORT_META: model.meta.to_json()})
             else:
                 _write_onnx(graph, tmp, model.meta)
         # the check runs on the written file, through the same loader users get

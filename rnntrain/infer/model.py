@@ -15,6 +15,7 @@ log-probabilities (T', N, C) with output lengths (N,); see ``rnntrain.infer.grap
 from __future__ import annotations
 
 import json
+import warnings
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,7 +171,9 @@ def load(path, device: str = "cpu", threads: int = 0) -> "Model":
         import torch
         extra = {EXPORT_META: ""}
         try:
-            net = torch.jit.load(str(p), map_location="cpu", _extra_files=extra)
+            with warnings.catch_warnings():  # deprecated in torch 2.13: see export.py
+                warnings.simplefilter("ignore", DeprecationWarning)
+                net = torch.jit.load(str(p), map_location="cpu", _extra_files=extra)
         except Exception as e:  # RuntimeError from the TorchScript loader
             raise UserError(f"{p}: cannot load as TorchScript "
                             f"({str(e).splitlines()[0][:200]})") from None
