@@ -34,6 +34,7 @@ SECTIONS = [
     ("stragglers", "Stragglers and load balance", 15),
     ("gpu", "GPU", 15),
     ("checkpoint", "Checkpoint", 40),
+    ("infer", "Inference", 90),
 ]
 TOTAL_BUDGET_S = 15 * 60
 NOT_SECTIONS = {"__init__", "__main__", "workloads"}

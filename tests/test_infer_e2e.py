@@ -7,6 +7,7 @@ Needs ../shared/data (FSDD); skipped without it. One model is trained for the mo
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -17,9 +18,13 @@ import rnntrain
 from rnntrain.data.ncdata import read_file
 from tests.conftest import run_cli
 
-REC = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "fsdd" / "recordings"
-if not REC.is_dir():
-    REC = Path("/work/shared/data/fsdd/recordings")
+_ROOT = Path(__file__).resolve().parents[1]
+# $RNNTRAIN_DATA as the recipes read it, else ../shared/data beside the checkout (or beside
+# the folder of worktrees)
+REC = next((p / "fsdd" / "recordings" for p in
+            [Path(os.environ.get("RNNTRAIN_DATA", _ROOT / "missing")),
+             _ROOT.parent / "shared" / "data", _ROOT.parents[1] / "shared" / "data"]
+            if (p / "fsdd" / "recordings").is_dir()), _ROOT / "missing")
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not REC.is_dir(), reason="no FSDD recordings in shared/data")]
 

@@ -142,7 +142,8 @@ def save_training(folder: Path | None, name: str, cfg, model, opt, state: dict, 
     save_atomic({"format": FORMAT_VERSION, "model": model.state_dict(),
                  "optim": opt.state_dict(), "state": dict(state), "config": to_dict(cfg),
                  "labels": list(ds.labels), "input_size": ds.input_size,
-                 "frontend": ds.frontend,  # raw input → frames, when the converters recorded it
+                 # raw input → frames, when the converters recorded it
+                 "frontend": getattr(ds, "frontend", None),
                  "rng": rng_states()}, Path(folder) / name)
     if name.startswith("step-"):
         prune(folder, keep_last)
