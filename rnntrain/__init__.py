@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 __all__ = ["load", "train", "Model", "Transcript", "FrontEnd", "UserError", "__version__"]
 
 # public name → module that defines it, imported on first use
-_LAZY = {"load": "rnntrain.infer.model", "train": "rnntrain.api", "Model": "rnntrain.infer.api",
+_LAZY = {"load": "rnntrain.infer.api", "train": "rnntrain.api", "Model": "rnntrain.infer.api",
          "Transcript": "rnntrain.infer.api", "FrontEnd": "rnntrain.frontend",
          "UserError": "rnntrain.errors"}
 

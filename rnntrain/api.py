@@ -1,4 +1,4 @@
-"""The Python API behind ``rnntrain.train`` (``rnntrain.load`` is ``rnntrain.infer.model.load``).
+"""The Python API behind ``rnntrain.train`` (``rnntrain.load`` is ``rnntrain.infer.api.load``).
 
     run = rnntrain.train("configs/fsdd_digits.toml", train={"epochs": 3}, run__dir="runs/x")
     m = rnntrain.load(run)

@@ -116,7 +116,7 @@ def _cmd_transcribe(args) -> int:
         raise UserError(f"--out {args.out}: its folder does not exist")
     if args.beam < 0 or args.threads < 0:
         raise UserError("--beam and --threads must be >= 0")
-    from rnntrain.infer.model import load
+    from rnntrain.infer.api import load
     from rnntrain.infer.transcribe import expand, transcribe
     expand(args.inputs)  # every input exists and is of a known kind, before the model loads
     threads = args.threads or os.cpu_count() or 1
@@ -141,7 +141,7 @@ def _cmd_export(args) -> int:
     from rnntrain.infer.export import FORMATS, TOLERANCE
     if args.format not in FORMATS:
         raise UserError(f"--format {args.format!r}: choose one of {', '.join(FORMATS)}")
-    from rnntrain.infer.model import load
+    from rnntrain.infer.api import load
     from rnntrain.infer.transcribe import expand
     model = load(args.model)
     frames = None

@@ -86,8 +86,10 @@ def test_python_api_makes_the_training_frames_from_raw_audio(run, tmp_path):
     x, rate = sf.read(wavs[0], dtype="int16")
     sf.write(tmp_path / "a.flac", x, rate)
     np.testing.assert_array_equal(m.frames(tmp_path / "a.flac"), rows[0])
+    np.testing.assert_array_equal(m.frames(x), rows[0])          # int16 PCM at the model rate
     sig = x / 32768.0
-    assert m.transcribe(sig).text == decoded[wavs[0].name]       # a signal at the model rate
+    np.testing.assert_array_equal(m.frames(sig), rows[0])        # the same as floats
+    assert m.transcribe(sig).text == decoded[wavs[0].name]
     up = resample_poly(sig, 2, 1)
     sf.write(tmp_path / "a16k.wav", up, 2 * rate, subtype="FLOAT")
     f16 = m.frames(tmp_path / "a16k.wav")

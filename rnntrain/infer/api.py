@@ -108,6 +108,16 @@ def aligned_peaks(lp: np.ndarray, hyp: list[int], blank: int) -> list[int]:
     return peaks
 
 
+def load(path, device: str = "cpu", threads: int = 0) -> "Model":
+    """A checkpoint, run folder (its best checkpoint) or exported model (TorchScript,
+    ONNX) → Model. ``device``: checkpoints only ("cpu", "cuda", "cuda:N"); ``threads``:
+    ONNX Runtime's intra-op threads (0 = its default; torch follows torch.set_num_threads).
+    """
+    from rnntrain.infer.model import open_model
+    p, meta, engine, net = open_model(path, device, threads)
+    return Model(meta, engine, p, net)
+
+
 class Model:
     """A model with its labels and front end; see the module docstring."""
 
@@ -172,7 +182,7 @@ class Model:
                 raise UserError(f"{name}: a 1-D signal, but {self._no_audio()}")
             if x.dtype.kind not in "iuf" or len(x) == 0:
                 raise UserError(f"{name}: a signal must be a non-empty numeric array")
-            return self._checked(fe.signal_features(x.astype(np.float64), rate), name)
+            return self._checked(fe.signal_features(pcm_to_float(x), rate), name)
         if x.ndim != 2 or x.dtype.kind not in "iuf" or len(x) == 0:
             raise UserError(f"{name}: expected a signal (S,) or features (T, F), got shape "
                             f"{x.shape} {x.dtype}")
@@ -233,6 +243,17 @@ class Model:
         """Write this model as TorchScript or ONNX (see ``rnntrain.infer.export``)."""
         from rnntrain.infer.export import export
         return export(self, out, format, check_frames)
+
+
+def pcm_to_float(x: np.ndarray) -> np.ndarray:
+    """A signal as float64 in [-1, 1]: integer PCM scaled as soundfile reads it from a file
+    (int16 / 2**15; uint8 centred on 128), floats as they are."""
+    if x.dtype.kind == "u":
+        half = 2.0 ** (8 * x.dtype.itemsize - 1)
+        return (x.astype(np.float64) - half) / half
+    if x.dtype.kind == "i":
+        return x.astype(np.float64) / 2.0 ** (8 * x.dtype.itemsize - 1)
+    return x.astype(np.float64)
 
 
 def read_npy(path: Path) -> np.ndarray:

@@ -54,13 +54,14 @@ def max_diff(a: np.ndarray, b: np.ndarray, out_len: np.ndarray) -> float:
 
 
 def export(model, out, fmt: str, check_frames: list[np.ndarray] | None = None) -> Path:
-    """Write ``model`` (a checkpoint-loaded ``Model``) to ``out``; returns the path.
+    """Write ``model`` (an ``api.Model`` loaded from a checkpoint) to ``out``; returns the
+    path.
 
     check_frames: real utterances (model-ready frames) to check on; default random ones.
     """
     import torch
     from rnntrain.infer.graph import ExportCTC
-    from rnntrain.infer.model import EXPORT_META, load
+    from rnntrain.infer.model import EXPORT_META, open_model
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     if model.net is None:
@@ -74,7 +75,8 @@ def export(model, out, fmt: str, check_frames: list[np.ndarray] | None = None) -
     out = Path(out)
     if not out.parent.is_dir():
         raise UserError(f"--out {out}: its folder does not exist")
-    graph = ExportCTC(model.net.cpu()).eval()
+    import copy
+    graph = ExportCTC(copy.deepcopy(model.net).cpu()).eval()  # the model may be on a GPU
     x, lengths = check_inputs(model, check_frames)
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     try:
@@ -91,7 +93,7 @@ def export(model, out, fmt: str, check_frames: list[np.ndarray] | None = None) -
             else:
                 _write_onnx(graph, tmp, model.meta)
         # the check runs on the written file, through the same loader users get
-        diff = check(model, load(tmp), x, lengths)
+        diff = check(model.engine, open_model(tmp)[2], x, lengths)
         if not diff <= TOLERANCE:
             raise UserError(f"{out}: the {fmt} export differs from the model by {diff:.2e} "
                             f"(more than {TOLERANCE:g}) in log-probability; not written")
@@ -102,9 +104,9 @@ def export(model, out, fmt: str, check_frames: list[np.ndarray] | None = None) -
 
 
 def check(reference, exported, x: np.ndarray, lengths: np.ndarray) -> float:
-    """Max |log-prob difference| of two Models on the batch x (T, N, F), lengths (N,)."""
-    a, out_a = reference.engine.run(x, lengths)
-    b, out_b = exported.engine.run(x, lengths)
+    """Max |log-prob difference| of two engines on the batch x (T, N, F), lengths (N,)."""
+    a, out_a = reference.run(x, lengths)
+    b, out_b = exported.run(x, lengths)
     if not np.array_equal(out_a, out_b) or a.shape != b.shape:
         return float("inf")
     return max_diff(a, b, out_a)

@@ -1,9 +1,10 @@
-"""A trained model ready to use: ``load(path)`` → ``Model``.
+"""Opening a trained model: the file, its metadata and an engine to run it
+(``rnntrain.load`` / ``rnntrain.infer.api.load`` wrap them in a ``Model``).
 
 ``path`` is a checkpoint (``.pt``), a run folder (its ``checkpoints/best.pt``), or a file
 written by ``rnntrain export`` (TorchScript or ONNX). Whatever it is, a ``Model`` knows
-its labels, input size, frame stacking and front end (``rnntrain.frontend``), turns raw
-input into frames the way the training data was made, and runs one of three engines:
+its labels, input size, frame stacking and front end (``rnntrain.frontend``), and runs
+on one of three engines:
 
 - ``eager``: the training network (``compute.model.CTCModel``), from a checkpoint;
 - ``torchscript``: an exported ``ExportCTC`` loaded with ``torch.jit.load``;
@@ -156,17 +157,17 @@ class OnnxEngine:
 # ---------------------------------------------------------------- loading
 
 
-def load(path, device: str = "cpu", threads: int = 0) -> "Model":
-    """Load a checkpoint, run folder or exported model. ``threads``: ONNX Runtime's
-    intra-op threads (0 = its default); torch engines follow ``torch.set_num_threads``."""
-    from rnntrain.infer.api import Model
+def open_model(path, device: str = "cpu", threads: int = 0):
+    """A checkpoint, run folder or exported model → (path, Meta, engine, training network
+    or None). ``threads``: ONNX Runtime's intra-op threads (0 = its default); torch engines
+    follow ``torch.set_num_threads``. ``rnntrain.load`` wraps this in a ``Model``."""
     p = resolve(path)
     kind = kind_of(p)
     if kind == "checkpoint":
         net, meta = load_checkpoint(p)
         from rnntrain.compute.device import pick_device
         dev = pick_device(device)
-        return Model(meta, EagerEngine(net.to(dev), dev), p, net=net)
+        return p, meta, EagerEngine(net.to(dev), dev), net
     if kind == "torchscript":
         import torch
         extra = {EXPORT_META: ""}
@@ -181,13 +182,13 @@ def load(path, device: str = "cpu", threads: int = 0) -> "Model":
             raise UserError(f"{p}: a TorchScript file without rnntrain's metadata (not "
                             f"written by rnntrain export)")
         meta = Meta.from_json(extra[EXPORT_META], p)
-        return Model(meta, TorchScriptEngine(net, torch.device("cpu")), p)
+        return p, meta, TorchScriptEngine(net, torch.device("cpu")), None
     eng = OnnxEngine(p, threads)
     text = eng.metadata()
     if not text:
         raise UserError(f"{p}: an ONNX file without rnntrain's metadata (not written by "
                         f"rnntrain export)")
-    return Model(Meta.from_json(text, p), eng, p)
+    return p, Meta.from_json(text, p), eng, None
 
 
 def load_checkpoint(path: Path):
