@@ -27,14 +27,14 @@ HERE = Path(__file__).resolve().parent
 # (module, title, time budget in seconds on 2 cores); the budgets sum to <= 15 minutes
 SECTIONS = [
     ("plain_loop", "rnntrain vs a plain PyTorch loop", 330),
-    ("flops", "Useful-FLOP rate and memory", 150),
-    ("threads", "Thread scaling", 80),
+    ("flops", "Useful-FLOP rate and memory", 130),
+    ("threads", "Thread scaling", 60),
     ("ranks", "MPI rank scaling", 150),
     ("reader", "Reader throughput and data wait", 120),
     ("stragglers", "Stragglers and load balance", 15),
     ("gpu", "GPU", 15),
-    ("checkpoint", "Checkpoint", 40),
-    ("infer", "Inference", 90),
+    ("checkpoint", "Checkpoint", 20),
+    ("infer", "Inference", 60),
 ]
 TOTAL_BUDGET_S = 15 * 60
 NOT_SECTIONS = {"__init__", "__main__", "workloads"}

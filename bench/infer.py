@@ -100,7 +100,7 @@ def run(quick: bool = False) -> str:
     from rnntrain.infer.model import OnnxEngine
     from rnntrain.infer.transcribe import transcribe
     n = 6 if quick else 24
-    budget = 1.0 if quick else 4.0    # seconds of compute per figure
+    budget = 1.0 if quick else 2.5    # seconds of compute per figure
     signals, where = utterances(n)
     durations = [len(s) / RATE for s in signals]
     tmp = Path(tempfile.mkdtemp(prefix="bench_infer_"))
