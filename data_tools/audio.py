@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from rnntrain.errors import UserError
+from rnntrain.data import ncdata
 from rnntrain.data.ncdata import NcWriter
 
 from . import features as feat
@@ -146,8 +147,7 @@ class ArraySource:
             raise UserError(f"{path}: has {x.shape[1]} features per frame, the first file "
                             f"had {self.size}")
         x = x.astype(np.float32)
-        if not np.isfinite(x).all():
-            bad = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
+        if (bad := ncdata.first_nonfinite_row(x)) is not None:
             raise UserError(f"{path}: NaN or Inf in frame {bad}")
         return x
 

@@ -25,7 +25,8 @@ import numpy as np
 from rnntrain.data import ncdata
 from rnntrain.data.dataset import Chunk, Dataset
 from rnntrain.errors import DataError, UserError
-from rnntrain.data.manifest import FORMAT, VERSION, sha256_file
+from rnntrain.data.manifest import FORMAT, VERSION
+from rnntrain.fsutil import sha256_file
 from rnntrain.data.plan import rng_for
 
 

@@ -9,7 +9,6 @@ does not depend on which worker thread ran the task.
 """
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F
@@ -142,18 +141,12 @@ def training_flops_per_frame(input_size, hidden, layers, bidirectional, num_clas
     return 2.0 * 3.0 * macs
 
 
-def min_frames(target: "list[int] | torch.Tensor") -> int:
-    """Shortest input (after subsampling) that can emit ``target`` under CTC: S + repeats."""
-    t = list(map(int, target))
-    return len(t) + sum(1 for a, b in zip(t, t[1:]) if a == b)
-
-
 def ctc_loss_sum(log_probs: torch.Tensor, out_lengths: torch.Tensor, targets: list,
                  blank: int) -> torch.Tensor:
     """Summed CTC loss (nats) over the batch, computed in fp32.
 
     log_probs: (T', N, C); out_lengths: (N,); targets: N int sequences (infeasible ones
-    must have been filtered: see ``min_frames``).
+    must have been filtered: see ``rnntrain.data.dataset.min_frames``).
     """
     tl = torch.tensor([len(t) for t in targets], dtype=torch.long)
     flat = torch.cat([torch.as_tensor(t, dtype=torch.long) for t in targets]) if int(tl.sum()) \
@@ -170,7 +163,3 @@ def init_uniform(model: nn.Module, scale: float = 0.1, generator=None):
     with torch.no_grad():
         for p in model.parameters():
             p.uniform_(-scale, scale, generator=generator)
-
-
-def default_init_scale(hidden: int) -> float:
-    return 1.0 / math.sqrt(hidden)
