@@ -10,6 +10,7 @@ does not depend on which worker thread ran the task.
 from __future__ import annotations
 
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -163,3 +164,17 @@ def init_uniform(model: nn.Module, scale: float = 0.1, generator=None):
     with torch.no_grad():
         for p in model.parameters():
             p.uniform_(-scale, scale, generator=generator)
+
+
+def flatten_params(params) -> np.ndarray:
+    """The parameters as one float32 host vector (a copy), in ``params`` order."""
+    return torch.cat([p.detach().reshape(-1).float().cpu() for p in params]).numpy()
+
+
+def unflatten_params(vec: np.ndarray, params):
+    """Copy a vector made by ``flatten_params`` back into ``params`` (on their device)."""
+    off = 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(torch.from_numpy(vec[off: off + p.numel()]).view_as(p))
+            off += p.numel()

@@ -337,8 +337,8 @@ def _list_schedule(costs: list[float], workers: int) -> float:
     return max(free)
 
 
-def default_threads(threads: int, intra_threads: int, ranks_per_node: int = 1) -> tuple[int, int]:
-    """(workers, intra-op threads per worker) for this process.
+def default_threads(threads: int, intra_threads: int, ranks_per_node: int = 1) -> int:
+    """Worker threads for this process (``threads`` itself when set).
 
     ``threads = 0`` fills this rank's share of the usable cores (CPU affinity, so taskset
     and container limits count) with workers of ``intra_threads`` each.
@@ -348,7 +348,7 @@ def default_threads(threads: int, intra_threads: int, ranks_per_node: int = 1) -
     except (AttributeError, OSError):  # not on Linux
         cores = os.cpu_count() or 1
     cores = max(1, cores // max(ranks_per_node, 1))
-    return (threads or max(1, cores // intra_threads)), intra_threads
+    return threads or max(1, cores // intra_threads)
 
 
 def set_intra_threads(n: int):

@@ -126,14 +126,20 @@ def from_nc(path: str, chunk_frames: int) -> Dataset:
                    [list(range(len(chunks)))])
 
 
+def check_fits(ds: Dataset, labels: list[str], input_size: int, what: str):
+    """``ds`` must have ``what``'s input size and alphabet (the training data's, a
+    checkpoint's): DataError naming ``ds``'s file otherwise."""
+    if ds.input_size != input_size:
+        raise DataError(ds.source, f"inputPattSize {ds.input_size} differs from {what} "
+                                   f"({input_size})")
+    if list(ds.labels) != list(labels):
+        raise DataError(ds.source, f"alphabet differs from {what} ({list(ds.labels)[:10]} vs "
+                                   f"{list(labels)[:10]})", var="labels")
+
+
 def check_compatible(a: Dataset, b: Dataset, what: str):
-    """Validation/test data must share the training alphabet and input size."""
-    if a.input_size != b.input_size:
-        raise DataError(b.source, f"inputPattSize {b.input_size} differs from {what} "
-                                  f"{a.source} ({a.input_size})")
-    if a.labels != b.labels:
-        raise DataError(b.source, f"alphabet differs from {what} {a.source} "
-                                  f"({b.labels[:10]} vs {a.labels[:10]})", var="labels")
+    """Validation/test data ``b`` must share the alphabet and input size of ``a``."""
+    check_fits(b, a.labels, a.input_size, f"{what} {a.source}")
 
 
 def from_manifest(path) -> Dataset:

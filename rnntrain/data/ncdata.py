@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from rnntrain.errors import DataError
+from rnntrain.fsutil import commit, temp_path
 
 NC_LOCK = threading.RLock()
 
@@ -250,7 +251,7 @@ class NcWriter:
         n = len(lengths)
         assert len(targets) == n and (tags is None or len(tags) == n)
         self.path = Path(path)
-        self.tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
+        self.tmp = temp_path(self.path)  # the netCDF library writes by name: see close()
         self.total, self.row, self.seq = int(lengths.sum()), 0, 0
         self.lengths = lengths
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -292,9 +293,11 @@ class NcWriter:
         if self.row != self.total:
             self.tmp.unlink(missing_ok=True)
             raise AssertionError(f"wrote {self.row} of {self.total} frames")
-        with open(self.tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(self.tmp, self.path)
+        try:
+            commit(self.tmp, self.path)  # fsync, rename, fsync the folder (fsutil)
+        except BaseException:
+            self.tmp.unlink(missing_ok=True)
+            raise
 
     def abort(self):
         with NC_LOCK:

@@ -27,7 +27,8 @@ from rnntrain.errors import UserError
 from rnntrain.run.evaluate import evaluate
 from rnntrain.parallel.exchange import Exchange
 from rnntrain.run.faults import BadSteps, StopFlag, pause_point, resume_hint
-from rnntrain.compute.model import build_model, count_params, init_uniform
+from rnntrain.compute.model import (build_model, count_params, flatten_params, init_uniform,
+                                    unflatten_params)
 from rnntrain.compute.optim import build_optimizer, lr_factor, set_lr
 from rnntrain.data.plan import chunk_order, make_plan, padding_ratio, remainder_note
 from rnntrain.tools.report import per_rank_split
@@ -57,7 +58,7 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
         torch.use_deterministic_algorithms(True, warn_only=True)
     # one worker feeds a GPU (its own stream); on CPU the rank's share of the cores
     workers = (tc.threads or 1) if device.type == "cuda" else \
-        default_threads(tc.threads, tc.intra_threads, comm.local_size)[0]
+        default_threads(tc.threads, tc.intra_threads, comm.local_size)
 
     # ---- data: metadata now, frames later on the reader thread
     train_ds = Dataset.open(cfg.data.train, cfg.data.chunk_frames)
@@ -295,9 +296,9 @@ def load_best(log: RunLog, model, comm):
         model.load_state_dict(ckpt.load(log.checkpoints / "best.pt")["model"])
     if comm.size > 1:
         params = list(model.parameters())
-        vec = torch.nn.utils.parameters_to_vector(params).detach().cpu().numpy().copy()
+        vec = flatten_params(params)
         comm.bcast_(vec, 0, what="best-checkpoint broadcast")
-        torch.nn.utils.vector_to_parameters(torch.from_numpy(vec).to(params[0].device), params)
+        unflatten_params(vec, params)
 
 
 def save(log: RunLog, cfg, model, opt, state, ds, name: str):
