@@ -7,7 +7,7 @@ stay sorted (``--within sorted``, ours: the plan groups them into batches by len
 shuffles the order of batches) or are shuffled (``--within shuffle``, the RNNLIB recipe).
 Each shard is cut into chunk files in RNNLIB layout at the same positions in every shard
 (so chunk c of every shard covers the same length class), then ``index.npz`` and, last,
-``manifest.json`` are written (see ``rnntrain.manifest``).
+``manifest.json`` are written (see ``rnntrain.data.manifest``).
 
 Memory: the length, target and tag arrays of the whole corpus plus one output chunk of
 frames; frames are read sequence by sequence from the open inputs.

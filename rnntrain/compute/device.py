@@ -62,7 +62,7 @@ def host_every(device: torch.device, log_every: int) -> int:
 def worker_start(device: torch.device):
     """Run once on each worker thread: on CUDA the thread's device, its own compute stream
     (set current for the thread) and a side copy stream. (torch's intra-op thread count is
-    process-wide: the pool sets it once, see ``scheduler.set_intra_threads``.)
+    process-wide: the pool sets it once, see ``pool.set_intra_threads``.)
     """
     if device.type == "cuda":
         torch.cuda.set_device(device)

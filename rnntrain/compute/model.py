@@ -49,7 +49,7 @@ def lstm_padded(rnn: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor) -> torch.T
 
     On the CPU, PackedSequence input of unequal lengths falls back to a per-time-step
     implementation whose backward allocates and zero-fills a whole-input gradient at every
-    step (O(T^2): measured 20x slower on a 3x256 BLSTM); padded input takes the fused
+    step (O(T^2); docs/threads.md, "The CPU LSTM path"); padded input takes the fused
     oneDNN kernel. The forward direction is exact on padded input (padding comes after the
     frames); the backward direction runs on each sequence reversed within its length.
     x: (T, N, F) zero-padded, lengths: (N,) → (T, N, D*H), zero at padding.

@@ -113,7 +113,7 @@ class TaskComputer:
 
 
 def cost_model_for(model, precision: str = "fp32") -> CostModel:
-    """The task cost model (``scheduler.CostModel``) for a CTCModel trained in
+    """The task cost model (``pool.CostModel``) for a CTCModel trained in
     ``precision``: per-task, per-sequence and per-step overheads in frame equivalents of
     this model's per-input-frame work."""
     rnn = model.rnns[0]
