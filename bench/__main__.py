@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from rnntrain.fsutil import atomic_write
+
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
 
@@ -157,9 +159,7 @@ def main(argv=None) -> int:
     markdown = "\n".join(doc)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(out).with_suffix(".tmp")
-        tmp.write_text(markdown)
-        os.replace(tmp, out)
+        atomic_write(out, markdown)
         print(f"bench: wrote {out} in {total:.0f} s", file=sys.stderr)
     else:
         print(markdown)
