@@ -88,7 +88,7 @@ def random_shard_plan(ds, keep, batch_frames, seed, epoch, rank=0, world=1, shuf
                       round_lengths=0):
     """Each rank takes a random 1/world of the sequences and batches them alone under
     batch_frames/world; all ranks stop at the shortest plan (equal steps)."""
-    from rnntrain.data.plan import Step, group_by_length, rng_for
+    from rnntrain.data.plan import Batch, group_by_length, rng_for
     perm = rng_for(seed, 991).permutation(ds.num_seqs)
     plans = []
     for r in range(world):
@@ -98,7 +98,7 @@ def random_shard_plan(ds, keep, batch_frames, seed, epoch, rank=0, world=1, shuf
         batches = group_by_length(np.flatnonzero(keep & mine), ds.lengths,
                                   max(1, batch_frames // world), rng_for(seed, epoch, r))
         order = rng_for(seed, epoch, r, 1).permutation(len(batches))
-        plans.append([Step(0, tuple(int(s) for s in batches[i])) for i in order])
+        plans.append([Batch(0, tuple(int(s) for s in batches[i])) for i in order])
     n = min(len(p) for p in plans)
     return plans[rank][:n]
 
@@ -171,7 +171,7 @@ def exchange_worker(mode: str, wire: str, steps: int):
         flat.grad.copy_(g)
         flat.buf[flat.numel:] = 1.0
         ex.reduce(i)
-        ex.step(opt, torch.tensor(True))
+        ex.apply_update(opt, torch.tensor(True))
         ex.publish(i)
     for i in range(2):
         one(i)

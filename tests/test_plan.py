@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from data_tools.shard import chunk_bounds, deal, metadata_dataset, shard_chunks
+from data_tools.shard import assign_shards, chunk_bounds, metadata_dataset, shard_chunks
 from rnntrain.data.dataset import Dataset, virtual_chunks
 from rnntrain.errors import UserError
 from rnntrain.data.plan import chunk_order, make_plan, padding_ratio
@@ -34,7 +34,7 @@ def sharded(lengths: np.ndarray, n_shards: int, per_chunk: int, within: str = "s
     """What the shard tool writes (its own dealing and chunk cuts, without payload), or
     shards cut into per-shard ``chunk_sizes`` like a hand-made manifest; global ids
     consecutive over shards and chunks."""
-    shards_src = deal(lengths, n_shards, 5, within)
+    shards_src = assign_shards(lengths, n_shards, 5, within)
     if chunk_sizes:
         parts = []
         for src, sizes in zip(shards_src, chunk_sizes):

@@ -31,7 +31,7 @@ import numpy as np
 
 from rnntrain.data.dataset import Chunk, Dataset
 from rnntrain.errors import DataError, UserError
-from rnntrain.data.plan import Step, rng_for
+from rnntrain.data.plan import Batch, rng_for
 
 FORMAT = "rnntrain-manifest"
 VERSION = 1
@@ -201,7 +201,7 @@ def _blocks(per_shard: list[list[np.ndarray]]) -> list[list[tuple[int, int, list
 
 
 def plan_sharded(ds: Dataset, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
-                 rank: int = 0, world: int = 1, shuffle: bool = True) -> list[Step]:
+                 rank: int = 0, world: int = 1, shuffle: bool = True) -> list[Batch]:
     """Rank ``rank``'s steps for one epoch over a sharded dataset (see the module doc).
 
     The global batch of a step is the union of the ranks' batches: n positions × W ranks
@@ -227,7 +227,7 @@ def plan_sharded(ds: Dataset, keep: np.ndarray, batch_frames: int, seed: int, ep
         for blk in _blocks(per_shard):
             blocks.append([([group[r][o[r]] if o[r] >= 0 else -1 for r in range(world)],
                             [f[a:b] for f in flat]) for a, b, o in blk])
-    steps: list[Step] = []
+    steps: list[Batch] = []
     for u in (rng.permutation(len(blocks)) if shuffle else range(len(blocks))):
         for chunk_of, pos in blocks[u]:
             batches = _batches(ds, keep, pos, batch_frames, world)
@@ -239,7 +239,7 @@ def plan_sharded(ds: Dataset, keep: np.ndarray, batch_frames: int, seed: int, ep
                 ids = ids[ids >= 0]
                 ids = ids[keep[ids]]
                 ids = ids[np.argsort(-ds.lengths[ids], kind="stable")]
-                steps.append(Step(chunk_of[rank], tuple(int(s) for s in ids)))
+                steps.append(Batch(chunk_of[rank], tuple(int(s) for s in ids)))
     return _fill_empty(steps, ds.source, rank)
 
 
@@ -258,7 +258,7 @@ def _batches(ds: Dataset, keep: np.ndarray, pos: list[np.ndarray], batch_frames:
     return _cut(live, longest, batch_frames, world)
 
 
-def _fill_empty(steps: list[Step], source: str, rank: int) -> list[Step]:
+def _fill_empty(steps: list[Batch], source: str, rank: int) -> list[Batch]:
     """Steps where this rank's shard has already ended (chunk -1, no sequences) stay on a
     chunk the rank visits anyway, so the reader neither moves nor reads anything extra."""
     real = [s.chunk for s in steps if s.chunk >= 0]
@@ -268,7 +268,7 @@ def _fill_empty(steps: list[Step], source: str, rank: int) -> list[Step]:
     out = []
     for s in steps:
         prev = s.chunk if s.chunk >= 0 else prev
-        out.append(s if s.chunk >= 0 else Step(prev, s.seqs))
+        out.append(s if s.chunk >= 0 else Batch(prev, s.seqs))
     return out
 
 

@@ -2,8 +2,9 @@
 
 ``make_plan`` is a pure function of (dataset metadata, seed, epoch, rank, world size): no
 file is read, so plans are testable without data and identical on every rank. A plan is a
-list of Steps in chunk order (each chunk's steps are contiguous, so the reader visits each
-chunk once), and every rank's plan has the same number of steps by construction.
+list of Batches in chunk order (each chunk's batches are contiguous, so the reader visits
+each chunk once), one per optimizer step, and every rank's plan has the same number of
+batches by construction.
 
 Batches group sequences of similar length under a padded-frame budget (``batch_frames``
 counts padding: n × longest ≤ budget): on speech-like length spreads random batches
@@ -18,10 +19,10 @@ import numpy as np
 
 
 @dataclass(frozen=True)
-class Step:
-    """One optimizer step as seen by one rank.
+class Batch:
+    """The sequences of one optimizer step as seen by one rank.
 
-    chunk: the chunk every sequence of this step lives in; seqs: this rank's share of the
+    chunk: the chunk every sequence of this batch lives in; seqs: this rank's share of the
     global batch (global ids, possibly empty when the batch has fewer sequences than ranks).
     """
     chunk: int
@@ -89,7 +90,7 @@ def group_by_length(ids: np.ndarray, lengths: np.ndarray, batch_frames: int,
     return batches
 
 
-def deal(batch: np.ndarray, lengths: np.ndarray, rank: int, world: int) -> tuple[int, ...]:
+def rank_share(batch: np.ndarray, lengths: np.ndarray, rank: int, world: int) -> tuple[int, ...]:
     """Rank r's share of a batch, dealt in snake order over the length-sorted batch
     (ranks 0..W-1, then W-1..0, ...): plain round-robin would give rank 0 the longest
     sequence of every round, and the others would wait for it at every step."""
@@ -101,8 +102,8 @@ def deal(batch: np.ndarray, lengths: np.ndarray, rank: int, world: int) -> tuple
 
 def make_plan(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
               rank: int = 0, world: int = 1, shuffle: bool = True,
-              round_lengths: int = 0) -> list[Step]:
-    """The epoch's steps for ``rank`` of ``world``.
+              round_lengths: int = 0) -> list[Batch]:
+    """The epoch's batches (one per optimizer step) for ``rank`` of ``world``.
 
     ds: a Dataset (only lengths, chunks and shards are used); keep: (N,) bool mask of the
     sequences to train on (infeasible ones are False). Single-shard datasets: every rank
@@ -126,18 +127,18 @@ def make_plan(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
         batches = group_by_length(ids, ds.lengths, batch_frames, rng if shuffle else None)
         if shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
-        steps += [Step(k, deal(b, ds.lengths, rank, world)) for b in batches]
+        steps += [Batch(k, rank_share(b, ds.lengths, rank, world)) for b in batches]
     return steps
 
 
-def padding_ratio(steps: list[Step], lengths: np.ndarray) -> float:
+def padding_ratio(steps: list[Batch], lengths: np.ndarray) -> float:
     """Padded frames / real frames over a plan (1.0 = no padding)."""
     padded = sum(len(s.seqs) * int(lengths[list(s.seqs)].max()) for s in steps if s.seqs)
     real = sum(int(lengths[list(s.seqs)].sum()) for s in steps if s.seqs)
     return padded / max(real, 1)
 
 
-def chunk_order(steps: list[Step]) -> list[int]:
+def chunk_order(steps: list[Batch]) -> list[int]:
     """The chunks a plan visits, in order, each once."""
     out: list[int] = []
     for s in steps:

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from rnntrain.errors import UserError
+from rnntrain.parallel import collectives
 
 _on = False                 # inside the window: the one check on the hot path
 _cfg: dict | None = None    # {"path", "first", "last"} once configure() was called
@@ -112,7 +113,7 @@ def attach(comm):
     global _t_ref, _on
     if _cfg is None:
         return
-    comm.barrier()
+    collectives.barrier(comm)
     _t_ref = time.perf_counter_ns()
     _on = _cfg["first"] == 0  # from step 0: include the first chunk load and the set-up
 
@@ -176,7 +177,7 @@ def finish(comm, failed: bool = False) -> str | None:
             path = f"{path}.rank{comm.rank}.json"
         _write(path, mine, cfg, [comm.rank])
         return path
-    gathered = comm.allgather(mine)
+    gathered = collectives.gather_all(comm, mine)
     if comm.rank != 0:
         return None
     events = [e for rank_events in gathered for e in rank_events]
