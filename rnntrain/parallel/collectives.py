@@ -7,7 +7,7 @@ one). Each is a collective: every rank calls it at the same point of the run. Al
 (``LocalComm``) each is the identity.
 
 When they run: at start (``from_root``: the run-folder check, the resume verdict;
-``agree``: steps per epoch; ``roster``; ``barrier``: trace clock alignment), at
+``agree``: steps per epoch; ``rank_roster``; ``wait_for_all``: trace clock alignment), at
 validation and test (``sum_over_ranks``: the error counts), after training
 (``broadcast_weights``: the best checkpoint before the test set; ``gather_all``: trace
 events, once).
@@ -28,12 +28,12 @@ def agree(comm, value, what: str):
     comm.check_same(value, what)
 
 
-def roster(comm) -> str:
+def rank_roster(comm) -> str:
     """Which process is which rank ("" alone)."""
     return comm.roster()
 
 
-def barrier(comm):
+def wait_for_all(comm):
     comm.barrier()
 
 

@@ -113,7 +113,7 @@ def attach(comm):
     global _t_ref, _on
     if _cfg is None:
         return
-    collectives.barrier(comm)
+    collectives.wait_for_all(comm)
     _t_ref = time.perf_counter_ns()
     _on = _cfg["first"] == 0  # from step 0: include the first chunk load and the set-up
 

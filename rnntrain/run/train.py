@@ -72,7 +72,7 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     log = RunLog(run_dir if rank == 0 else None)
     log.write_text("config.toml", resolved)
     if comm.size > 1:
-        log.info(collectives.roster(comm))
+        log.info(collectives.rank_roster(comm))
     log_skipped(log, cfg, train_ds, keep, val_ds, val_keep)
 
     # ---- model, optimizer, plan size and the step's machinery (same weights everywhere)
