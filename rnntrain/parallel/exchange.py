@@ -136,7 +136,8 @@ class Exchange:
         if self.comm.size == 1:
             return
         what = f"gradient exchange of step {step}"
-        flat, stop_at = self.flat, flat.numel + flat.STOP
+        flat = self.flat
+        stop_at = flat.numel + flat.STOP
         if self._pinned is not None:
             self._pinned.copy_(flat.msg)
         self.host[stop_at] = 1.0 if stop else 0.0  # host side: no device write to wait for
