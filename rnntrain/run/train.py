@@ -123,11 +123,7 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                 if state.step % every == 0 or last:
                     runner.check_bad(state.step, fed, log)
                 if log_now:  # a collective: every rank logs at the same steps
-                    rec = window.flush(runner.exch)
-                    bar.set_postfix(loss=f"{rec['loss']:.3f}", ler=f"{rec['ler']:.3f}",
-                                    fps=f"{rec['frames_per_s']:.0f}")
-                    log.metrics(split="train", epoch=epoch, step=state.step,
-                                lr=opt.param_groups[0]["lr"], **rec)
+                    log_window(log, bar, window.flush(runner.exch), epoch, state.step, opt)
                 pause_point("step", state.step)
                 stopping = stop.agree(res.stop)  # the verdict came with the step's message
                 if stopping or checkpoint_due(cfg, state.step, last_ckpt):
@@ -168,6 +164,13 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
         trace.finish(comm, failed=sys.exc_info()[0] is not None)
         log.finish(sys.exc_info()[1], stop.signal, state.state_dict())
         log.close()
+
+
+def log_window(log: RunLog, bar, rec: dict, epoch: int, step: int, opt):
+    """A train record: the progress bar's figures and a metrics line."""
+    bar.set_postfix(loss=f"{rec['loss']:.3f}", ler=f"{rec['ler']:.3f}",
+                    fps=f"{rec['frames_per_s']:.0f}")
+    log.metrics(split="train", epoch=epoch, step=step, lr=opt.param_groups[0]["lr"], **rec)
 
 
 def open_data(cfg: Config):
