@@ -82,14 +82,16 @@ def test_wire_codec_sums_like_fp32(wire):
     n = 5000
     a = (rng.standard_normal(n) * 10.0 ** rng.integers(-7, 6, n)).astype(np.float32)
     b = (rng.standard_normal(n) * 10.0 ** rng.integers(-7, 6, n)).astype(np.float32)
-    sa, sb = np.array([1.5, 2, 300, 4, 5], np.float32), np.array([2.25, 3, 7000, 1, 1], np.float32)
+    # the message tail: loss, seqs, frames, errors, ref labels, then the stop flag
+    sa = np.array([1.5, 2, 300, 4, 5, 0], np.float32)
+    sb = np.array([2.25, 3, 7000, 1, 1, 1], np.float32)
     c = WireCodec(wire, n)
     ma, mb = np.zeros(c.nbytes, np.uint8), np.zeros(c.nbytes, np.uint8)
     c.encode_into(ma, a, sa, 0.0)
     c.encode_into(mb, b, sb, 0.0)
     c.combine(ma, mb)                    # mb <- a + b
     g, stats, flag = c.decode(mb)
-    np.testing.assert_array_equal(stats, sa + sb)    # counts travel exactly in fp32
+    np.testing.assert_array_equal(stats, sa + sb)    # counts and stop flags exact in fp32
     assert flag == 0
     ref = a.astype(np.float64) + b
     # relative error of each value: at most a few 16-bit roundings (bf16 8 bits, fp16 11
@@ -108,7 +110,7 @@ def test_wire_combine_is_commutative_and_flags_nonfinite(wire):
     n = 1000
     c = WireCodec(wire, n)
     x, y = (rng.standard_normal(n).astype(np.float32) * 1e3 for _ in range(2))
-    st = np.ones(5, np.float32)
+    st = np.ones(6, np.float32)  # stats and stop flag
     mx, my = np.zeros(c.nbytes, np.uint8), np.zeros(c.nbytes, np.uint8)
     c.encode_into(mx, x, st, 0.0)
     c.encode_into(my, y, st, 1.0)        # y's rank had an Inf/NaN
