@@ -120,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--format", choices=FORMATS, default="NETCDF3_64BIT_OFFSET")
     h.add_argument("-v", "--verbose", action="store_true", help="print each chunk written")
     h.set_defaults(fn=_shard)
-    a = sub.add_parser("audio", help="WAV files listed in a LIST.tsv → normalised features .nc")
+    a = sub.add_parser("audio", help="audio files (WAV, FLAC, ...) listed in a LIST.tsv → "
+                                     "normalised features .nc")
     _list_args(a, "path.wav")
     a.add_argument("--features", choices=("fbank", "mfcc"),
                    help="log-mel filterbank (default) or MFCC 13 + delta + delta-delta")

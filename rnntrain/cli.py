@@ -131,20 +131,23 @@ def _cmd_transcribe(args) -> int:
 
 
 def _cmd_export(args) -> int:
-    from rnntrain.infer.export import FORMATS, TOLERANCE
+    from rnntrain.infer.export import FORMATS, TOLERANCE, training_frames
     if args.format not in FORMATS:
         raise UserError(f"--format {args.format!r}: choose one of {', '.join(FORMATS)}")
     from rnntrain.infer.api import load
     from rnntrain.infer.transcribe import expand
     model = load(args.model)
-    frames = None
-    if args.check:  # real utterances to check the export on (default: random frames)
+    if args.check:  # real utterances to check the export on
         frames = [model.frames(s.path) for s in expand(args.check)[:8] if s.kind == "file"]
+        where = f"{len(frames)} of the --check inputs"
+    else:  # else the model's own data, else random frames
+        frames, where = training_frames(model)
+        where = where or "random frames (the training data is not here; give --check)"
     path = model.export(args.out, args.format, frames)
     fe = model.frontend.describe() if model.frontend is not None else "no front end"
     print(f"wrote {path}: {args.format}, {len(model.labels)} labels, {model.input_size} "
           f"inputs, stacking {model.subsample}; {fe}; log-probs checked against the model "
-          f"(max difference <= {TOLERANCE:g})")
+          f"on {where} (max difference <= {TOLERANCE:g})")
     return 0
 
 

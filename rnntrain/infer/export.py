@@ -45,6 +45,33 @@ def check_inputs(model, frames: list[np.ndarray] | None = None, seed: int = 0):
     return x, lengths
 
 
+def training_frames(model, count: int = 8) -> tuple[list[np.ndarray], str]:
+    """Up to ``count`` sequences of the data the checkpoint was trained and validated on
+    (its config's data.val, data.test or data.train .nc file, when it is still there and
+    fits the model) → (frames, where); ([], "") when none is available."""
+    from rnntrain.data import ncdata
+    from rnntrain.errors import UserError as _UE
+    from rnntrain.run.checkpoint import load
+    try:
+        data = load(model.path)["config"].get("data", {})
+    except (_UE, KeyError, TypeError):
+        return [], ""
+    for key in ("val", "test", "train"):
+        path = data.get(key) or ""
+        if not path.endswith(".nc") or not os.path.isfile(path):
+            continue
+        try:
+            h = ncdata.read_header(path, need_targets=False)
+            if h.input_size != model.input_size:
+                continue
+            n = min(count, h.num_seqs)
+            rows = ncdata.read_rows(path, 0, int(h.offsets[n]))
+        except _UE:
+            continue
+        return [rows[h.offsets[i]:h.offsets[i + 1]] for i in range(n)], f"{path} ({n} sequences)"
+    return [], ""
+
+
 def max_diff(a: np.ndarray, b: np.ndarray, out_len: np.ndarray) -> float:
     """Largest |a - b| over the valid frames of (T', N, C) log-probabilities."""
     worst = 0.0
@@ -57,7 +84,8 @@ def export(model, out, fmt: str, check_frames: list[np.ndarray] | None = None) -
     """Write ``model`` (an ``api.Model`` loaded from a checkpoint) to ``out``; returns the
     path.
 
-    check_frames: real utterances (model-ready frames) to check on; default random ones.
+    check_frames: real utterances (model-ready frames) to check on; default: sequences of
+    the checkpoint's own data files (``training_frames``), else random frames.
     """
     import torch
     from rnntrain.infer.graph import ExportCTC
@@ -77,6 +105,8 @@ def export(model, out, fmt: str, check_frames: list[np.ndarray] | None = None) -
         raise UserError(f"--out {out}: its folder does not exist")
     import copy
     graph = ExportCTC(copy.deepcopy(model.net).cpu()).eval()  # the model may be on a GPU
+    if not check_frames:
+        check_frames = training_frames(model)[0]
     x, lengths = check_inputs(model, check_frames)
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     try:
