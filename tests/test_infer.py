@@ -131,6 +131,16 @@ def test_decode_and_transcribe_need_no_targets_and_skip_nothing(tmp_path, synth_
     for ln, s in zip(lines, seqs):
         peaks = [int(p) for p in ln.split("\t")[2].split()]
         assert len(peaks) == len(ln.split("\t")[1].split()) and all(0 <= p < len(s) for p in peaks)
+    # a folder of .npy arrays, as JSON lines in file order (no front end: used as they are)
+    (tmp_path / "feats").mkdir()
+    for i in (0, 1, 2):
+        np.save(tmp_path / "feats" / f"u{i}.npy", seqs[i])
+    buf = io.StringIO()
+    transcribe(m, [str(tmp_path / "feats")], as_json=True, out=buf, progress=False)
+    recs = [json.loads(ln) for ln in buf.getvalue().splitlines()]
+    assert [r["input"].endswith(f"u{i}.npy") for i, r in enumerate(recs)] == [True] * 3
+    assert [r["text"] for r in recs] == want[:3]
+    assert all(len(r["peak_frames"]) == len(r["labels"]) and "times" not in r for r in recs)
     # eval still needs targets: one line naming the variable
     assert main(["eval", str(tmp_path / "m.pt"), str(tmp_path / "bare.nc")]) == 2
     err = capsys.readouterr().err.strip().splitlines()

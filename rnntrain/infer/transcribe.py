@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-import numpy as np
-
 from rnntrain.errors import DataError, UserError
 from rnntrain.infer.api import AUDIO_SUFFIXES, Model, Transcript
 
