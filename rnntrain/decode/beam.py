@@ -52,7 +52,8 @@ except ImportError:  # pragma: no cover - exercised only where numba is missing
 LOG2 = math.log(2.0)
 NINF = -math.inf
 # columns of the prefix-node table
-PARENT, LABEL, STATE, COUNT, WORD, WLEN = range(6)
+PARENT, LABEL, STATE, COUNT, WORD, WLEN, HASH = range(7)
+MIX = 0x5BD1E995
 
 
 @njit(cache=True, nogil=True)
@@ -105,6 +106,25 @@ def _word_tok(wn, wt_end, wt_tok, unk):
 
 
 @njit(cache=True, nogil=True)
+def _slot(key, mask):
+    return ((key ^ (key >> 29)) * MIX) & mask
+
+
+@njit(cache=True, nogil=True)
+def _same_child(nodes, q, p, c):
+    """Is node q the prefix of node p followed by label c? (Walks up to a shared node.)"""
+    if nodes[q, LABEL] != c:
+        return False
+    a, b = nodes[q, PARENT], p
+    while a != b:
+        if a <= 0 or b <= 0 or nodes[a, LABEL] != nodes[b, LABEL] \
+                or nodes[a, HASH] != nodes[b, HASH]:
+            return False
+        a, b = nodes[a, PARENT], nodes[b, PARENT]
+    return True
+
+
+@njit(cache=True, nogil=True)
 def _grow(nodes, lm_total, stamp, slot):
     n = nodes.shape[0]
     nn = np.full((2 * n, nodes.shape[1]), -1, np.int64)
@@ -135,14 +155,16 @@ def _search(lp, cand, blank, beam, space, constrain, use_words,
     nodes[0, WLEN] = 0
     n_nodes = 1
     C = lp.shape[1]
-    # the beam's own prefixes by (parent, label): p + c may be a prefix already in the
-    # beam; any other p + c is new this frame (only p extends to it), so a fresh node
+    # the beam's prefixes by a hash of their labels: p + c may be a prefix already in the
+    # beam (reached through another node, if that prefix left the beam and came back);
+    # otherwise it is new this frame (only p extends to it) and gets a fresh node
     hsize = 16
     while hsize < 4 * beam:
         hsize *= 2
     hmask = hsize - 1
-    hkey = np.full(hsize, -1, np.int64)
+    hkey = np.zeros(hsize, np.int64)
     hval = np.full(hsize, -1, np.int64)
+    nodes[0, HASH] = 0
 
     nb = 1
     b_node = np.zeros(beam * (K + 1) + 1, np.int64)
@@ -159,15 +181,14 @@ def _search(lp, cand, blank, beam, space, constrain, use_words,
     for t in range(T):
         row = lp[t]
         nx = 0
-        hkey[:] = -1
+        hval[:] = -1
         for i in range(nb):
             q = b_node[i]
             if q > 0:
-                key = nodes[q, PARENT] * C + nodes[q, LABEL]
-                h = (key * 0x5BD1E995) & hmask
-                while hkey[h] != -1:
+                h = _slot(nodes[q, HASH], hmask)
+                while hval[h] != -1:
                     h = (h + 1) & hmask
-                hkey[h] = key
+                hkey[h] = nodes[q, HASH]
                 hval[h] = q
         for i in range(nb):
             p = b_node[i]
@@ -187,11 +208,14 @@ def _search(lp, cand, blank, beam, space, constrain, use_words,
                         continue
                     last = nodes[p, LABEL]
                     # the child p + c: in the beam already, or new (-1: the lexicon forbids)
-                    key = p * C + c
-                    h = (key * 0x5BD1E995) & hmask
-                    while hkey[h] != -1 and hkey[h] != key:
+                    key = (nodes[p, HASH] * MIX + c + 1) & 0x3FFFFFFFFFFFFFFF
+                    h = _slot(key, hmask)
+                    ch = -1
+                    while hval[h] != -1:
+                        if hkey[h] == key and _same_child(nodes, hval[h], p, c):
+                            ch = hval[h]
+                            break
                         h = (h + 1) & hmask
-                    ch = hval[h] if hkey[h] == key else -1
                     valid = True
                     if ch == -1:
                         ok = True
@@ -238,6 +262,7 @@ def _search(lp, cand, blank, beam, space, constrain, use_words,
                             nodes[ch, COUNT] = cnt
                             nodes[ch, WORD] = new_wn
                             nodes[ch, WLEN] = new_wlen
+                            nodes[ch, HASH] = key
                             lm_total[ch] = lm_total[p] + add
                         else:
                             valid = False
@@ -503,7 +528,7 @@ class Decoder:
         first, nxt, lab, end, tok = self._words
         ws = getattr(self._local, "ws", None)
         if ws is None:
-            ws = (np.full((4096, 6), -1, np.int64), np.zeros(4096), np.full(4096, -1, np.int64),
+            ws = (np.full((4096, 7), -1, np.int64), np.zeros(4096), np.full(4096, -1, np.int64),
                   np.zeros(4096, np.int64))
         q, score, complete, ws = _search(
             np.ascontiguousarray(lp), cand, self.blank, self.beam, self.space,
