@@ -340,3 +340,61 @@ def test_built_models_are_normalised(tmp_path, smoothing):
     for h in [(), ("<s>",), ("a",), ("<s>", "b"), ("c", "d"), ("d", "d")]:
         assert sum(math.exp(lm.logprob(w, h)) for w in vocab) == pytest.approx(1, abs=1e-5)
     assert UNK_FLOOR < 0
+
+
+# -- the commands, end to end ------------------------------------------------------------
+
+@pytest.mark.slow
+def test_eval_decode_tune_with_lexicon_and_lm_through_the_cli(tmp_path):
+    import json
+
+    from data_tools.synth import label_names, make_sequences
+    from rnntrain.data import ncdata
+    from rnntrain.config import load_config
+    from rnntrain.run.train import train
+    from tests.conftest import run_cli
+    names = label_names(5)  # L04 separates words
+    seqs = list(make_sequences(12, 5, 6, 7, mean_labels=5, noise=0.3))
+    frames = [x for x, _ in seqs]
+    targets = [" ".join(names[i] for i in t) for _, t in seqs]
+    data = tmp_path / "w.nc"
+    ncdata.write_file(data, frames, targets, names, [f"u{i}" for i in range(12)])
+    cfg = load_config(None, [f"data.train={json.dumps(str(data))}",
+                             f"data.val={json.dumps(str(data))}", "model.layers=1",
+                             "model.hidden=32", "optim.lr=0.03", "train.epochs=15",
+                             "train.batch_frames=80", "train.threads=1",
+                             f"run.dir={json.dumps(str(tmp_path / 'run'))}"])
+    ckpt = train(cfg) / "checkpoints" / "last.pt"
+    # words of the references (labels between L04s, written as their label names joined)
+    words = [w.replace(" ", "") for t in targets for w in t.split("L04") if w.strip()]
+    (tmp_path / "lex.txt").write_text("\n".join(sorted(set(words))) + "\n")
+    (tmp_path / "text.txt").write_text("\n".join(
+        " ".join(w.replace(" ", "") for w in t.split("L04") if w.strip()) for t in targets))
+    r = run_cli("data_tools", "ngram", tmp_path / "text.txt", "--order", "2", "--out",
+                tmp_path / "w.arpa", "--smoothing", "wb")
+    assert r.returncode == 0, r.stderr
+    base = ["rnntrain", "eval", ckpt, data, "--json", "--space", "L04"]
+    r = run_cli(*base, "--lexicon", tmp_path / "lex.txt", "--lm", tmp_path / "w.arpa")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert "wer" in out["best"] and "wer" in out["beam"] and "lexicon" in out["beam"]["decoder"]
+    r = run_cli("rnntrain", "decode", ckpt, data, "--space", "L04", "--lexicon",
+                tmp_path / "lex.txt")
+    assert r.returncode == 0, r.stderr
+    lex = set(words)
+    for line in r.stdout.strip().splitlines():
+        hyp = line.split("\t")[1]
+        assert all(w.replace(" ", "") in lex for w in hyp.split("L04") if w.strip()), hyp
+    # an LM at weight 0 and no bonus changes nothing: the plain beam's hypotheses
+    plain = run_cli("rnntrain", "decode", ckpt, data, "--beam", "4")
+    lm0 = run_cli("rnntrain", "decode", ckpt, data, "--beam", "4", "--space", "L04", "--lm",
+                  tmp_path / "w.arpa", "--lm-weight", "0")
+    assert plain.returncode == 0 and lm0.returncode == 0 and plain.stdout == lm0.stdout
+    r = run_cli("rnntrain", "tune-decoder", ckpt, data, "--space", "L04", "--lm",
+                tmp_path / "w.arpa", "--lm-weights", "0,1", "--word-bonuses", "0,2", "--json")
+    assert r.returncode == 0, r.stderr
+    t = json.loads(r.stdout)
+    assert len(t["table"]) == 4
+    assert t["best"]["wer"] == min(row["wer"] for row in t["table"])
+    r = run_cli("rnntrain", "eval", ckpt, data, "--space", "nope")
+    assert r.returncode == 2 and "--space 'nope'" in r.stderr and "Traceback" not in r.stderr

@@ -568,3 +568,4 @@ class Decoder:
         if self.word_bonus:
             parts.append(f"bonus {self.word_bonus:g}")
         return " + ".join(parts)
+
