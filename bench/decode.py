@@ -104,14 +104,20 @@ def run(quick: bool = False) -> str:
         d.decode(utts[0][:20])  # numba: compile, or load the cache
     warm = time.perf_counter() - t0
     same = all(beam.decode(u) == prefix_beam_search(u, T, BLANK, 8) for u in utts)
-    py = rate(lambda u: prefix_beam_search(u, T, BLANK, 8), utts[:2 if quick else 4],
-              0.5 if quick else 3.0)
-    min_s = 0.3 if quick else 2.0
-    rows = [("best path", rate(best.decode, utts, min_s)),
-            ("Python prefix beam 8 (oracle)", py),
-            ("compiled prefix beam 8", rate(beam.decode, utts, min_s)),
-            ("compiled beam 8 + 4-gram label LM", rate(beam_lm.decode, utts, min_s)),
-            ("compiled beam 8 + lexicon + word 2-gram", rate(lex_lm.decode, utts, min_s))]
+    # rounds interleave the decoders so that a change in machine load hits all alike; the
+    # best round of each counts
+    fns = [("best path", best.decode),
+           ("Python prefix beam 8 (oracle)", lambda u: prefix_beam_search(u, T, BLANK, 8)),
+           ("compiled prefix beam 8", beam.decode),
+           ("compiled beam 8 + 4-gram label LM", beam_lm.decode),
+           ("compiled beam 8 + lexicon + word 2-gram", lex_lm.decode)]
+    best_rate = {name: 0.0 for name, _ in fns}
+    for _ in range(2 if quick else 3):
+        for name, fn in fns:
+            items = utts[:2] if "Python" in name else utts
+            best_rate[name] = max(best_rate[name], rate(fn, items, 0.3 if quick else 1.0))
+    rows = list(best_rate.items())
+    py = best_rate["Python prefix beam 8 (oracle)"]
 
     erng = np.random.default_rng(1)
     refs = [erng.integers(0, 80, 60).tolist() for _ in range(500)]
@@ -125,6 +131,33 @@ def run(quick: bool = False) -> str:
         fast_tot = int(label_errors(refs, hyps).sum())
     t_fast = (time.thread_time() - t1) / reps
     assert fast_tot == ref_tot
+
+    # the training step's label errors for one task (32 sequences): the per-sequence loop
+    # it had (best path + Python DP per sequence) vs best_path_batch + one cpdist call
+    from rnntrain.decode.score import padded_as_strings, ragged_as_strings
+    from rnntrain.decode.search import best_path_batch
+    tr = np.random.default_rng(2)
+    Tt, N, blank = 300, 32, 30
+    path = tr.integers(0, 31, (Tt, N))
+    path[tr.random((Tt, N)) < 0.6] = blank
+    out_len = tr.integers(200, Tt + 1, N)
+    targets = [tr.integers(0, 30, 60) for _ in range(N)]
+
+    def old_step():
+        e = 0
+        for j, t in enumerate(targets):
+            p = path[: int(out_len[j]), j]
+            k = np.ones(len(p), bool)
+            k[1:] = p[1:] != p[:-1]
+            e += sum(edit_ops_reference(t.tolist(), [int(x) for x in p[k] if x != blank]))
+        return e
+
+    def new_step():
+        hyp, n = best_path_batch(path, out_len, blank)
+        return int(label_errors(ragged_as_strings(targets)[0], padded_as_strings(hyp, n)).sum())
+    assert old_step() == new_step()
+    t_old = 1.0 / rate(lambda _: old_step(), [0], 0.3 if quick else 1.0)
+    t_new = 1.0 / rate(lambda _: new_step(), [0], 0.3 if quick else 1.0)
 
     try:
         load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -142,7 +175,11 @@ def run(quick: bool = False) -> str:
         out.append(f"| {name} | {r:,.1f} | {1e3 / r:.2f} | {r / py:,.0f}x |")
     out += ["", f"Edit distance, 500 pairs of 60 labels: Python DP {t_py * 1e3:.0f} ms, "
             f"rapidfuzz (one `cpdist` call) {t_fast * 1e3:.2f} ms "
-            f"({t_py / t_fast:,.0f}x); totals equal ({ref_tot}).", ""]
+            f"({t_py / t_fast:,.0f}x); totals equal ({ref_tot}).", "",
+            f"Training LER of one task (32 sequences, 300 frames, 60-label targets, the "
+            f"work `TaskComputer` does on a worker thread per task): per-sequence loop with the "
+            f"Python DP {t_old * 1e3:.1f} ms, vectorised best path + one rapidfuzz call "
+            f"{t_new * 1e3:.2f} ms ({t_old / t_new:,.0f}x); the same error count.", ""]
     return "\n".join(out)
 
 

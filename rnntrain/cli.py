@@ -79,7 +79,7 @@ def _cmd_eval(args) -> int:
         for k, s in out.items():
             name = "best path" if k == "best" else decoder.describe()
             wer = f"WER {s['wer']:.4f}, " if "wer" in s else ""
-            print(f"{name}: {wer}LER {s['ler']:.4f} (sub {s['sub']:.4f}, del {s['del']:.4f}, "
+            print(f"{name:>10}: {wer}LER {s['ler']:.4f} (sub {s['sub']:.4f}, del {s['del']:.4f}, "
                   f"ins {s['ins']:.4f}), sequence error {s['seq_error']:.4f}, CTC loss "
                   f"{s['loss']:.4f}, {s['seqs']} sequences, {s['skipped']} skipped")
     return 0

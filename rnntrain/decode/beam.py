@@ -107,7 +107,7 @@ def _word_tok(wn, wt_end, wt_tok, unk):
 
 @njit(cache=True, nogil=True)
 def _slot(key, mask):
-    return ((key ^ (key >> 29)) * MIX) & mask
+    return ((int(key) ^ (int(key) >> 29)) * MIX) & mask
 
 
 @njit(cache=True, nogil=True)
@@ -208,7 +208,7 @@ def _search(lp, cand, blank, beam, space, constrain, use_words,
                         continue
                     last = nodes[p, LABEL]
                     # the child p + c: in the beam already, or new (-1: the lexicon forbids)
-                    key = (nodes[p, HASH] * MIX + c + 1) & 0x3FFFFFFFFFFFFFFF
+                    key = (int(nodes[p, HASH]) * MIX + int(c) + 1) & 0x3FFFFFFFFFFFFFFF
                     h = _slot(key, hmask)
                     ch = -1
                     while hval[h] != -1:
