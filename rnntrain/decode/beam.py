@@ -20,8 +20,9 @@ last word and </s> are added. With a lexicon, a label may only extend a hypothes
 the lexicon's prefix tree, the separator only follows a complete word, and only
 hypotheses that end on a complete word (or on a separator) are returned.
 
-Prefixes live in a trie of nodes built during the search; a node's LM state, LM score,
-word count and position in the lexicon tree are computed once, when it is created.
+Prefixes live in a trie of nodes built during the search; a prefix's LM state, LM score,
+word count and position in the lexicon tree are computed once, when it is first proposed,
+and it becomes a node only if it enters the beam.
 """
 from __future__ import annotations
 
@@ -96,6 +97,22 @@ def _lm_step(state, tok, keys, ids, prob, bow, suffix, order, V, N):
             return s + UNK_FLOOR, 0
         s += bow[h]
         h = suffix[h]
+
+
+@njit(cache=True, nogil=True)
+def _lm_cached(state, tok, c_key, c_lp, c_st, keys, ids, prob, bow, suffix, order, V, N):
+    """``_lm_step`` through a direct-mapped cache keyed by (state, token)."""
+    if tok < 0:
+        return _lm_step(state, tok, keys, ids, prob, bow, suffix, order, V, N)
+    key = state * V + tok
+    h = _slot(key, c_key.shape[0] - 1)
+    if c_key[h] == key:
+        return c_lp[h], c_st[h]
+    d, st = _lm_step(state, tok, keys, ids, prob, bow, suffix, order, V, N)
+    c_key[h] = key
+    c_lp[h] = d
+    c_st[h] = st
+    return d, st
 
 
 @njit(cache=True, nogil=True)
@@ -176,7 +193,20 @@ def _search(lp, cand, blank, beam, space, constrain, use_words,
     x_pb = np.empty(m)
     x_pnb = np.empty(m)
     x_score = np.empty(m)
-    taken = np.zeros(m, np.bool_)
+    top = np.zeros(beam, np.int64)
+    # LM lookups repeat (the same history + token from frame to frame): a direct-mapped cache
+    c_key = np.full(4096, -1, np.int64)
+    c_lp = np.zeros(4096)
+    c_st = np.zeros(4096, np.int64)
+    x_par = np.zeros(m, np.int64)
+    x_lab = np.zeros(m, np.int64)
+    x_st = np.zeros(m, np.int64)
+    x_cnt = np.zeros(m, np.int64)
+    x_wn = np.zeros(m, np.int64)
+    x_wlen = np.zeros(m, np.int64)
+    x_key = np.zeros(m, np.int64)
+    x_lm = np.zeros(m)
+    top_s = np.empty(beam)
 
     for t in range(T):
         row = lp[t]
@@ -229,8 +259,9 @@ def _search(lp, cand, blank, beam, space, constrain, use_words,
                             if ok and nodes[p, WLEN] > 0:
                                 cnt += 1
                                 if lm_mode == 2:
-                                    d, st = _lm_step(st, _word_tok(wn, wt_end, wt_tok, unk),
-                                                     keys, ids, prob, bow, suffix, order, V, N)
+                                    d, st = _lm_cached(st, _word_tok(wn, wt_end, wt_tok, unk),
+                                                       c_key, c_lp, c_st, keys, ids, prob, bow,
+                                                       suffix, order, V, N)
                                     add += d
                             new_wn = 0 if use_words else -1
                             new_wlen = 0
@@ -247,23 +278,26 @@ def _search(lp, cand, blank, beam, space, constrain, use_words,
                             if space < 0:
                                 cnt += 1
                         if ok and lm_mode == 1:
-                            d, st = _lm_step(st, label_tok[c], keys, ids, prob, bow, suffix,
-                                             order, V, N)
+                            d, st = _lm_cached(st, label_tok[c], c_key, c_lp, c_st, keys, ids,
+                                               prob, bow, suffix, order, V, N)
                             add += d
                         if ok:
-                            if n_nodes == nodes.shape[0]:
-                                nodes, lm_total, stamp, slot = _grow(nodes, lm_total, stamp,
-                                                                     slot)
-                            ch = n_nodes
-                            n_nodes += 1
-                            nodes[ch, LABEL] = c
-                            nodes[ch, PARENT] = p
-                            nodes[ch, STATE] = st
-                            nodes[ch, COUNT] = cnt
-                            nodes[ch, WORD] = new_wn
-                            nodes[ch, WLEN] = new_wlen
-                            nodes[ch, HASH] = key
-                            lm_total[ch] = lm_total[p] + add
+                            # a new prefix: an entry of this frame's list, made a node only
+                            # if it enters the beam (most never do: no table writes for them)
+                            j = nx
+                            nx += 1
+                            x_node[j] = -1
+                            x_par[j] = p
+                            x_lab[j] = c
+                            x_st[j] = st
+                            x_cnt[j] = cnt
+                            x_wn[j] = new_wn
+                            x_wlen[j] = new_wlen
+                            x_key[j] = key
+                            x_lm[j] = lm_total[p] + add
+                            x_pb[j] = NINF
+                            x_pnb[j] = NINF
+                            ch = -2 - j
                         else:
                             valid = False
                     if c == last:
@@ -277,39 +311,66 @@ def _search(lp, cand, blank, beam, space, constrain, use_words,
                         tgt2 = -1
                 for rep in range(2):
                     if rep == 1:
-                        if tgt2 < 0:
+                        if tgt2 == -1:
                             break
                         tgt, ab, anb = tgt2, ab2, anb2
-                    if stamp[tgt] != t:
-                        stamp[tgt] = t
-                        slot[tgt] = nx
-                        x_node[nx] = tgt
-                        x_pb[nx] = NINF
-                        x_pnb[nx] = NINF
-                        nx += 1
-                    j = slot[tgt]
+                    if tgt <= -2:  # the new prefix's one add
+                        j = -2 - tgt
+                    else:
+                        if stamp[tgt] != t:
+                            stamp[tgt] = t
+                            slot[tgt] = nx
+                            x_node[nx] = tgt
+                            x_lm[nx] = lm_total[tgt]
+                            x_cnt[nx] = nodes[tgt, COUNT]
+                            x_pb[nx] = NINF
+                            x_pnb[nx] = NINF
+                            nx += 1
+                        j = slot[tgt]
                     x_pb[j] = _logaddexp(x_pb[j], ab)
                     x_pnb[j] = _logaddexp(x_pnb[j], anb)
         for j in range(nx):
-            q = x_node[j]
             x_score[j] = _logaddexp(x_pb[j], x_pnb[j])
             if lm_mode > 0:
-                x_score[j] += alpha * lm_total[q]
-            x_score[j] += beta * nodes[q, COUNT]
-        # the oracle's stable sort, then the first `beam`: pick the first maximum `beam`
-        # times (ties in insertion order, as sorted() keeps them)
-        nb = min(beam, nx)
+                x_score[j] += alpha * x_lm[j]
+            x_score[j] += beta * x_cnt[j]
+        # the oracle's stable sort, then the first `beam`: one pass keeping the best `beam`
+        # in order; an entry moves up only past strictly lower scores, so ties stay in
+        # insertion order, as sorted() keeps them
+        nb = 0
+        for j in range(nx):
+            sc = x_score[j]
+            if nb == beam and not (sc > top_s[nb - 1]):
+                continue
+            pos = nb if nb < beam else beam - 1
+            while pos > 0 and sc > top_s[pos - 1]:
+                top[pos] = top[pos - 1]
+                top_s[pos] = top_s[pos - 1]
+                pos -= 1
+            top[pos] = j
+            top_s[pos] = sc
+            if nb < beam:
+                nb += 1
         for i in range(nb):
-            j = -1
-            for k in range(nx):
-                if not taken[k] and (j < 0 or x_score[k] > x_score[j]):
-                    j = k
-            taken[j] = True
+            j = top[i]
+            if x_node[j] < 0:
+                if n_nodes == nodes.shape[0]:
+                    nodes, lm_total, stamp, slot = _grow(nodes, lm_total, stamp, slot)
+                q = n_nodes
+                n_nodes += 1
+                nodes[q, PARENT] = x_par[j]
+                nodes[q, LABEL] = x_lab[j]
+                nodes[q, STATE] = x_st[j]
+                nodes[q, COUNT] = x_cnt[j]
+                nodes[q, WORD] = x_wn[j]
+                nodes[q, WLEN] = x_wlen[j]
+                nodes[q, HASH] = x_key[j]
+                lm_total[q] = x_lm[j]
+                stamp[q] = -1
+                x_node[j] = q
             b_node[i] = x_node[j]
             b_pb[i] = x_pb[j]
             b_pnb[i] = x_pnb[j]
-        for k in range(nx):
-            taken[k] = False
 
     # the end: the last word, </s>; the first best among complete hypotheses
     best, best_score, best_any, best_any_score = -1, NINF, -1, NINF
