@@ -7,7 +7,7 @@ stay sorted (``--within sorted``, ours: the plan groups them into batches by len
 shuffles the order of batches) or are shuffled (``--within shuffle``, the RNNLIB recipe).
 Each shard is cut into chunk files in RNNLIB layout at the same positions in every shard
 (so chunk c of every shard covers the same length class), then ``index.npz`` and, last,
-``manifest.json`` are written (see ``rnntrain.manifest``).
+``manifest.json`` are written (see ``rnntrain.data.manifest``).
 
 Memory: the length, target and tag arrays of the whole corpus plus one output chunk of
 frames; frames are read sequence by sequence from the open inputs.
@@ -25,7 +25,8 @@ import numpy as np
 from rnntrain.data import ncdata
 from rnntrain.data.dataset import Chunk, Dataset
 from rnntrain.errors import DataError, UserError
-from rnntrain.data.manifest import FORMAT, VERSION, sha256_file
+from rnntrain.data.manifest import FORMAT, VERSION
+from rnntrain.fsutil import atomic_write, sha256_file
 from rnntrain.data.plan import rng_for
 
 
@@ -84,7 +85,7 @@ def _first_diff(a: list[str], b: list[str]) -> str:
     return f"{len(a)} vs {len(b)} labels"
 
 
-def deal(lengths: np.ndarray, shards: int, seed: int, within: str) -> list[np.ndarray]:
+def assign_shards(lengths: np.ndarray, shards: int, seed: int, within: str) -> list[np.ndarray]:
     """Input sequence indices per shard.
 
     The length-sorted list is dealt in rounds of N: each shard takes one sequence of each
@@ -159,7 +160,7 @@ def chunk_bounds(per_shard: list[np.ndarray], lengths: np.ndarray, chunk_frames:
     if chunk_seqs:
         return list(range(0, width, chunk_seqs)) + [width]
     longest = np.zeros(width, np.int64)
-    for s in per_shard:   # positions aligned at the end (see deal)
+    for s in per_shard:   # positions aligned at the end (see assign_shards)
         longest[width - len(s):] = np.maximum(longest[width - len(s):], lengths[s])
     cuts, acc = [0], 0
     for i, n in enumerate(longest.tolist()):
@@ -243,7 +244,7 @@ def shard(paths: list[str], shards: int, out: str, chunk_frames: int | None = No
     n = len(corpus.lengths)
     if n < shards:
         raise UserError(f"{n} sequences cannot fill {shards} shards")
-    per_shard = deal(corpus.lengths, shards, seed, within)
+    per_shard = assign_shards(corpus.lengths, shards, seed, within)
     cuts = chunk_bounds(per_shard, corpus.lengths, chunk_frames, chunk_seqs)
     try:
         outdir.mkdir(parents=True, exist_ok=True)
@@ -291,22 +292,13 @@ def write_index(path: Path, corpus: Corpus, order: np.ndarray) -> dict:
     tl = np.array([len(corpus.targets[i]) for i in order], dtype=np.int64)
     flat = (np.concatenate([corpus.targets[i] for i in order]) if len(order)
             else np.zeros(0, np.int32)).astype(np.int32)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        np.savez(fh, lengths=corpus.lengths[order].astype(np.int64),
-                 target_offsets=np.concatenate([[0], np.cumsum(tl)]).astype(np.int64),
-                 targets=flat, tags=np.array([corpus.tags[i] for i in order], dtype=str))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, lambda fh: np.savez(
+        fh, lengths=corpus.lengths[order].astype(np.int64),
+        target_offsets=np.concatenate([[0], np.cumsum(tl)]).astype(np.int64),
+        targets=flat, tags=np.array([corpus.tags[i] for i in order], dtype=str)))
     return {"file": path.name, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
 def write_json_atomic(path: Path, obj: dict):
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(obj, indent=1))
 

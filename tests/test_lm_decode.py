@@ -361,7 +361,7 @@ def test_eval_decode_tune_with_lexicon_and_lm_through_the_cli(tmp_path):
     ncdata.write_file(data, frames, targets, names, [f"u{i}" for i in range(12)])
     cfg = load_config(None, [f"data.train={json.dumps(str(data))}",
                              f"data.val={json.dumps(str(data))}", "model.layers=1",
-                             "model.hidden=32", "optim.lr=0.03", "train.epochs=15",
+                             "model.hidden=32", "optim.lr=0.03", "train.epochs=8",
                              "train.batch_frames=80", "train.threads=1",
                              f"run.dir={json.dumps(str(tmp_path / 'run'))}"])
     ckpt = train(cfg) / "checkpoints" / "last.pt"

@@ -5,7 +5,7 @@ is a tuple of labels, so word error rates use the same functions on word sequenc
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -144,7 +144,6 @@ class ErrorCounts:
     skipped: int = 0
     word_errors: int = 0
     ref_words: int = 0
-    hyps: list = field(default_factory=list, repr=False)
 
     def add(self, ref: list, hyp: list, space: int | None = None):
         self.add_batch([ref], [hyp], space)

@@ -16,12 +16,13 @@ from rnntrain.data.plan import make_plan
 from rnntrain.data.reader import ChunkReader
 from rnntrain.compute.tasks import collate
 from rnntrain.compute.model import ctc_loss_sum
+from rnntrain.parallel.collectives import sum_over_ranks
 
 
 @torch.no_grad()
 def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.device, comm=None,
              beam: int = 0, on_hyp: Callable[[int, list[int]], None] | None = None,
-             progress=None, decoder=None, space: int | None = None, threads: int = 1,
+             decoder=None, space: int | None = None, threads: int = 1,
              on_log_probs: Callable[[list[int], np.ndarray, np.ndarray], None] | None = None
              ) -> dict[str, ErrorCounts]:
     """Score ``ds`` (only sequences with keep[i]); returns {"best": counts[, "beam": counts]}.
@@ -76,16 +77,13 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
                 if on_hyp is not None:
                     for sid, h in zip(seqs, hyps):
                         on_hyp(sid, h)
-                if progress is not None:
-                    progress.update(len(seqs))
     finally:
         reader.close()
         model.train(was_training)
     if comm is not None and comm.size > 1:
         for key, c in counts.items():
-            hyps = c.hyps
-            counts[key] = ErrorCounts.from_array(comm.allreduce_(c.as_array()))
-            counts[key].hyps = hyps
+            counts[key] = ErrorCounts.from_array(sum_over_ranks(comm, c.as_array(),
+                                                                 f"{key} error counts"))
     if decoder is not None:
         b = counts["beam"]
         b.loss_sum, b.frames, b.skipped = (counts["best"].loss_sum, counts["best"].frames,
