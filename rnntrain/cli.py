@@ -48,8 +48,14 @@ def _load_for_eval(checkpoint: str, data: str, device: str):
                               f"({ck['input_size']})")
     if ds.labels != ck["labels"]:
         raise DataError(data, "alphabet differs from the checkpoint's", var="labels")
+    height = ck.get("image_height", 0)
+    if ds.is_2d:
+        ds.set_pad_height(height or 1, f"checkpoint {checkpoint}")
+    if (ds.column_height or ds.is_2d) and ds.frame_height != height:
+        raise DataError(data, f"image height {ds.frame_height} differs from the "
+                              f"checkpoint's ({height})")
     dev = pick_device(device)
-    model = build_model(cfg.model, ck["input_size"], len(ck["labels"]))
+    model = build_model(cfg.model, ds.frame_size, len(ck["labels"]), max(height, 1))
     model.load_state_dict(ck["model"])
     model.to(dev)
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -57,9 +63,10 @@ def _load_for_eval(checkpoint: str, data: str, device: str):
 
 
 def _cmd_eval(args) -> int:
+    from rnntrain.compute.model import total_subsample
     from rnntrain.run.evaluate import evaluate
     cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device)
-    keep = ds.feasible(cfg.model.subsample)
+    keep = ds.feasible(total_subsample(cfg.model))
     counts = evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev,
                       beam=args.beam)
     out = {k: c.summary() for k, c in counts.items()}
@@ -77,9 +84,10 @@ def _cmd_eval(args) -> int:
 def _cmd_decode(args) -> int:
     if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         raise UserError(f"--out {args.out}: its folder does not exist")  # before decoding
+    from rnntrain.compute.model import total_subsample
     from rnntrain.run.evaluate import evaluate
     cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device)
-    keep = ds.feasible(cfg.model.subsample)
+    keep = ds.feasible(total_subsample(cfg.model))
     hyps: dict[int, list[int]] = {}
     evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev, beam=args.beam,
              on_hyp=lambda s, h: hyps.__setitem__(s, h))

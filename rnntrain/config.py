@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -32,6 +33,14 @@ class ModelConfig:
     subsample: int = 1           # stack this many frames into one (speech: 3 is typical)
     cell: str = "lstm"           # "lstm" (cuDNN/oneDNN) or "peephole" (RNNLIB's cell)
     dropout: float = 0.0         # between layers
+    # convolutional front end (images: columns of pixels; 1-D data: time convolution)
+    frontend: str = "none"       # "none" or "conv" (conv blocks, then the LSTM layers)
+    conv_channels: list[int] = field(default_factory=lambda: [16, 32, 48, 64])
+    conv_kernel: int = 3         # odd; k x k (1 x k on 1-D data)
+    conv_pool_h: list[int] = field(default_factory=lambda: [2, 2, 2, 1])  # height pooling
+    conv_pool_w: list[int] = field(default_factory=lambda: [2, 2, 1, 1])  # width (time)
+    conv_norm: str = "group"     # "group" (per image, over valid columns) or "none"
+    conv_dropout: float = 0.0    # channel dropout after each block's activation
 
 
 @dataclass
@@ -101,6 +110,8 @@ class Config:
 
 CHOICES = {
     ("model", "cell"): ("lstm", "peephole"),
+    ("model", "frontend"): ("none", "conv"),
+    ("model", "conv_norm"): ("group", "none"),
     ("optim", "name"): ("adam", "sgd"),
     ("optim", "normalize"): ("sum", "sequences", "frames"),
     ("optim", "schedule"): ("constant", "cosine", "step"),
@@ -109,6 +120,7 @@ CHOICES = {
     ("dist", "wire"): ("fp32", "bf16", "fp16"),
 }
 POSITIVE = {("model", "layers"), ("model", "hidden"), ("model", "subsample"),
+            ("model", "conv_kernel"),
             ("optim", "lr"), ("train", "epochs"), ("train", "batch_frames"),
             ("train", "intra_threads"), ("train", "tasks_per_worker"), ("train", "log_every"),
             ("train", "max_bad_steps"), ("train", "val_every_epochs"),
@@ -118,6 +130,7 @@ NON_NEGATIVE = {("optim", "momentum"), ("optim", "weight_decay"), ("optim", "cli
                 ("optim", "warmup_steps"), ("optim", "min_lr"), ("train", "input_noise"),
                 ("train", "threads"), ("train", "patience"), ("checkpoint", "every_steps"),
                 ("checkpoint", "every_minutes"), ("model", "dropout"), ("train", "seed"),
+                ("model", "conv_dropout"),
                 ("train", "round_lengths")}
 
 
@@ -139,7 +152,13 @@ def _coerce(section: str, key: str, value: Any, typ) -> Any:
     elif typ is str:
         if isinstance(value, str):
             return value
-    raise ConfigError(f"{name} must be {typ.__name__}, got {type(value).__name__} {value!r}")
+    elif typing.get_origin(typ) is list and typing.get_args(typ) == (int,):
+        if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool)
+                                           for v in value):
+            return list(value)
+        raise ConfigError(f"{name} must be a list of integers, e.g. [16, 32], got {value!r}")
+    raise ConfigError(f"{name} must be {getattr(typ, '__name__', typ)}, got "
+                      f"{type(value).__name__} {value!r}")
 
 
 def _apply(cfg: Config, table: dict, source: str):
@@ -187,6 +206,20 @@ def validate(cfg: Config):
             raise ConfigError(f"{sec}.{key} = {v!r} must be >= 0")
     if cfg.model.dropout >= 1:
         raise ConfigError(f"model.dropout = {cfg.model.dropout} must be < 1")
+    m = cfg.model
+    if m.frontend == "conv":
+        if not m.conv_channels or not (len(m.conv_channels) == len(m.conv_pool_h)
+                                       == len(m.conv_pool_w)):
+            raise ConfigError(f"model.conv_channels, conv_pool_h and conv_pool_w need one "
+                              f"entry per block (got {len(m.conv_channels)}, "
+                              f"{len(m.conv_pool_h)}, {len(m.conv_pool_w)})")
+        if min(m.conv_channels + m.conv_pool_h + m.conv_pool_w) < 1:
+            raise ConfigError("model.conv_channels, conv_pool_h and conv_pool_w must be >= 1")
+        if m.conv_kernel % 2 == 0:
+            raise ConfigError(f"model.conv_kernel = {m.conv_kernel} must be odd (the "
+                              "convolutions keep the size: padding k // 2 each side)")
+        if m.conv_dropout >= 1:
+            raise ConfigError(f"model.conv_dropout = {m.conv_dropout} must be < 1")
     dev = cfg.train.device
     if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
         raise ConfigError(f"train.device = {dev!r}; choose auto, cpu, cuda or cuda:N")

@@ -110,6 +110,8 @@ def read_index(path: Path, sha: str, nbytes: int) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as z:
             out = {k: z[k] for k in INDEX_KEYS}
+            if "heights" in z.files:  # 2-D datasets (images)
+                out["heights"] = z["heights"]
     except (OSError, KeyError, ValueError) as e:
         raise DataError(path, f"cannot read the sequence index ({e})") from None
     return out
@@ -125,6 +127,8 @@ def open_manifest(path) -> Dataset:
     idx = read_index(root / _field(ix, "file", where, str), _field(ix, "sha256", where, str),
                      _field(ix, "bytes", where, int))
     lengths = idx["lengths"].astype(np.int64)
+    heights = idx["heights"].astype(np.int64) if "heights" in idx else None
+    rows = lengths if heights is None else lengths * heights
     toff = idx["target_offsets"].astype(np.int64)
     flat = idx["targets"].astype(np.int32)
     n = len(lengths)
@@ -138,7 +142,7 @@ def open_manifest(path) -> Dataset:
         ids = []
         for c in sh["chunks"]:
             seqs = np.arange(first, first + c["numSeqs"], dtype=np.int64)
-            if seqs[-1:].size and seqs[-1] >= n or int(lengths[seqs].sum()) != c["numTimesteps"]:
+            if seqs[-1:].size and seqs[-1] >= n or int(rows[seqs].sum()) != c["numTimesteps"]:
                 raise DataError(root / c["file"], "numSeqs/numTimesteps in the manifest do "
                                                   "not match the sequence index")
             ids.append(len(chunks))
@@ -149,7 +153,8 @@ def open_manifest(path) -> Dataset:
     if first != n:
         raise DataError(path, f"chunks hold {first} sequences but the index has {n}")
     return Dataset(str(path), list(man["labels"]), man["inputPattSize"], lengths, targets,
-                   [str(t) for t in idx["tags"]], chunks, shards, within=man["within"])
+                   [str(t) for t in idx["tags"]], chunks, shards, within=man["within"],
+                   heights=heights, column_height=int(man.get("imageHeight", 0)))
 
 
 # ---------------------------------------------------------------- plans

@@ -142,6 +142,7 @@ def save_training(folder: Path | None, name: str, cfg, model, opt, state: dict, 
     save_atomic({"format": FORMAT_VERSION, "model": model.state_dict(),
                  "optim": opt.state_dict(), "state": dict(state), "config": to_dict(cfg),
                  "labels": list(ds.labels), "input_size": ds.input_size,
+                 "image_height": ds.frame_height if ds.is_2d or ds.column_height else 0,
                  "rng": rng_states()}, Path(folder) / name)
     if name.startswith("step-"):
         prune(folder, keep_last)
@@ -179,6 +180,10 @@ def check_matches(ck: dict, path, ds, model_cfg: dict):
                         f"{ds.source} has {ds.input_size}")
     if ck.get("labels") != list(ds.labels):
         raise UserError(f"{path}: checkpoint alphabet differs from {ds.source}")
+    have = ds.frame_height if ds.is_2d or ds.column_height else 0
+    if ck.get("image_height", 0) != have:
+        raise UserError(f"{path}: checkpoint's image height {ck.get('image_height', 0)} "
+                        f"differs from {ds.source} ({have})")
     if ck.get("config", {}).get("model") != model_cfg:
         diff = {k: (ck.get("config", {}).get("model", {}).get(k), v)
                 for k, v in model_cfg.items()

@@ -28,7 +28,7 @@ from rnntrain.run.evaluate import evaluate
 from rnntrain.parallel.exchange import Exchange
 from rnntrain.run.faults import BadSteps, StopFlag, pause_point, resume_hint
 from rnntrain.data.manifest import remainder_note
-from rnntrain.compute.model import build_model, count_params, init_uniform
+from rnntrain.compute.model import build_model, count_params, init_uniform, total_subsample
 from rnntrain.compute.optim import build_optimizer, lr_factor, set_lr
 from rnntrain.data.plan import chunk_order, make_plan, padding_ratio
 from rnntrain.tools.report import per_rank_split
@@ -65,8 +65,9 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     val_ds = Dataset.open(cfg.data.val, cfg.data.chunk_frames) if cfg.data.val else None
     if val_ds is not None:
         check_compatible(train_ds, val_ds, "training data")
-    keep = train_ds.feasible(cfg.model.subsample)
-    val_keep = val_ds.feasible(cfg.model.subsample) if val_ds is not None else None
+    sub = total_subsample(cfg.model)  # frame stacking x the conv front end's width pooling
+    keep = train_ds.feasible(sub)
+    val_keep = val_ds.feasible(sub) if val_ds is not None else None
 
     # ---- run folder (rank 0 writes; resolved config saved for reproducibility)
     resolved = to_toml(cfg)
@@ -87,7 +88,8 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
 
     # ---- model and optimizer: the same initial weights on every rank
     torch.manual_seed(tc.seed)
-    model = build_model(cfg.model, train_ds.input_size, train_ds.num_labels)
+    model = build_model(cfg.model, train_ds.frame_size, train_ds.num_labels,
+                        train_ds.frame_height)
     if cfg.model.cell == "peephole":
         init_uniform(model, 0.1)
     model.to(device).train()
@@ -233,7 +235,7 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
             check_compatible(train_ds, test_ds, "training data")
             load_best(log, model, comm)
             with intra_threads(workers * tc.intra_threads):
-                summ = evaluate(model, test_ds, test_ds.feasible(cfg.model.subsample),
+                summ = evaluate(model, test_ds, test_ds.feasible(sub),
                                 tc.batch_frames, device, comm)["best"].summary()
             log.metrics(split="test", epoch=state["epoch"] - 1, step=state["step"], **summ)
             log.info(f"test ({cfg.data.test}, best checkpoint): LER {summ['ler']:.4f} (sub "
