@@ -254,6 +254,7 @@ def write_glyph_sets(tmp_path):
     return tmp_path / "train.nc"
 
 
+@pytest.mark.slow
 def test_tiny_2d_set_overfits_through_cli(tmp_path):
     """Train conv + BLSTM on 24 glyph-string images (heights 8 and 6) through the CLI, then
     `rnntrain eval` and `decode` on the same images: label error rate 0."""
@@ -272,3 +273,26 @@ def test_tiny_2d_set_overfits_through_cli(tmp_path):
     assert json.loads(ev.stdout)["ler"] == 0.0
     ck = torch.load(run / "checkpoints" / "best.pt", weights_only=False)
     assert ck["image_height"] == 8
+
+
+@pytest.mark.slow
+def test_conv_2d_sigkill_resume_bit_identical(tmp_path):
+    """Conv front end on 2-D data, two worker threads, channel dropout and input noise:
+    killed twice (once inside a checkpoint write) and resumed, the final weights and
+    optimizer state equal an uninterrupted run's bit for bit."""
+    from tests.test_resume import EPOCHS, EVERY, assert_same_final, kill_points, \
+        killed_and_resumed, launch, steps_per_epoch, train_cmd
+    imgs, targets = glyph_images(60, seed=12, short_height=6)
+    ncdata.write_images(tmp_path / "train.nc", imgs, targets, LABELS)
+    cfg = tmp_path / "exp.toml"
+    cfg.write_text(f'[data]\ntrain = "{tmp_path / "train.nc"}"\n'
+                   "[model]\nfrontend = \"conv\"\nconv_channels = [4, 8]\n"
+                   "conv_pool_h = [2, 2]\nconv_pool_w = [2, 1]\nconv_dropout = 0.2\n"
+                   "layers = 1\nhidden = 16\n"
+                   f"[train]\nepochs = {EPOCHS}\nbatch_frames = 60\nlog_every = 1\n"
+                   "input_noise = 0.1\nthreads = 2\n"
+                   f"[checkpoint]\nevery_steps = {EVERY}\nkeep_last = 2\n")
+    rc, err = launch(train_cmd(cfg, tmp_path / "straight"))
+    assert rc == 0, err[-3000:]
+    run = killed_and_resumed(tmp_path, cfg, kill_points(5, steps_per_epoch(err), 2))
+    assert_same_final(tmp_path / "straight", run)
