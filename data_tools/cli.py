@@ -89,8 +89,13 @@ def _images(a):
 def parse_labels_arg(a):
     from .audio import parse_labels
     from .images import labels_from
-    if a.labels and a.labels_from:
-        raise UserError("give --labels or --labels-from, not both")
+    if sum(map(bool, (a.labels, a.labels_from, a.alphabet))) > 1:
+        raise UserError("give one of --labels, --labels-from and --alphabet")
+    if a.alphabet:
+        from .images import ascii_alphabet
+        if not a.chars:
+            raise UserError("--alphabet needs --chars (it names characters)")
+        return ascii_alphabet(a.space)
     if a.labels_from:
         return labels_from(a.labels_from)
     return parse_labels(a.labels) if a.labels else None
@@ -199,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "sorted set of the transcripts' labels)")
     m.add_argument("--labels-from", help="use the alphabet of this .nc file (validation and "
                                          "test sets: the training set's)")
+    m.add_argument("--alphabet", choices=("ascii",), help="with --chars: a fixed alphabet, "
+                   "ascii = the space and the 94 printable ASCII characters in code order")
     m.add_argument("--format", choices=FORMATS, default="NETCDF3_64BIT_OFFSET")
     m.set_defaults(fn=_images)
     rl = sub.add_parser("render-lines", help="render synthetic printed text lines "

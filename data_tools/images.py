@@ -95,6 +95,11 @@ def label_char(name: str, space: str = SPACE) -> str:
     return name
 
 
+def ascii_alphabet(space: str = SPACE) -> list[str]:
+    """``--alphabet ascii``: the space, then the printable ASCII characters in code order."""
+    return [space] + [chr(c) for c in range(33, 127)]
+
+
 def text_labels(text: str, space: str = SPACE) -> list[str]:
     """Plain text → label names: NFC, whitespace runs → one space, stripped."""
     text = " ".join(unicodedata.normalize("NFC", text).split())
