@@ -45,6 +45,7 @@ class Corpus:
     tags: list[str]
     heights: np.ndarray | None = None  # (N,) 2-D inputs: image heights
     column_height: int = 0
+    image_frontend: str = ""           # rnntrain-data images settings (JSON), kept along
 
     @property
     def rows(self) -> np.ndarray:
@@ -88,7 +89,7 @@ def read_corpus(paths: list[str], merge_labels: bool) -> Corpus:
                   np.concatenate(file_of), np.concatenate(row_of),
                   np.concatenate([h.lengths for h in heads]), targets, tags,
                   None if first.heights is None else np.concatenate([h.heights for h in heads]),
-                  first.column_height)
+                  first.column_height, first.image_frontend)
 
 
 def _first_diff(a: list[str], b: list[str]) -> str:
@@ -229,8 +230,9 @@ def write_chunk(path: Path, inputs: Inputs, ids: np.ndarray, fmt: str) -> dict:
                          [" ".join(c.labels[k] for k in c.targets[i]) for i in ids],
                          [c.tags[i] for i in ids], fmt, dtype=c.dtype,
                          heights=None if c.heights is None else c.heights[ids],
-                         attrs={"imageHeight": c.column_height} if c.column_height else None
-                         ) as w:
+                         attrs={**({"imageHeight": c.column_height} if c.column_height else {}),
+                                **({"rnntrain_images": c.image_frontend}
+                                   if c.image_frontend else {})}) as w:
         for i in ids:
             w.append(inputs.read(int(i)))
     return {"numSeqs": int(len(ids)), "numTimesteps": int(c.rows[ids].sum()),
@@ -288,7 +290,7 @@ def shard(paths: list[str], shards: int, out: str, chunk_frames: int | None = No
                     "inputPattSize": corpus.input_size, "within": within, "seed": seed,
                     "numSeqs": n, "numTimesteps": int(corpus.rows.sum()),
                     "numDims": 1 if corpus.heights is None else 2,
-                    "imageHeight": corpus.column_height,
+                    "imageHeight": corpus.column_height, "imageFrontend": corpus.image_frontend,
                     "sources": [{"file": os.path.abspath(p)} for p in corpus.files],
                     "index": index, "shards": entries}
         write_json_atomic(outdir / "manifest.json", manifest)

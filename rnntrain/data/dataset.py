@@ -55,6 +55,7 @@ class Dataset:
     heights: np.ndarray | None = None  # (N,) image heights (2-D data); None: 1-D
     column_height: int = 0       # 1-D frames that are image columns of this height
     pad_height: int = 0          # 2-D: serve images padded to this height (0: the tallest)
+    image_frontend: str = ""     # how images were converted (JSON; for inference)
     _headers: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -173,7 +174,7 @@ def from_nc(path: str, chunk_frames: int) -> Dataset:
     chunks = virtual_chunks(path, h.rows, chunk_frames)
     return Dataset(path, h.labels, h.input_size, h.lengths, h.targets, h.tags, chunks,
                    [list(range(len(chunks)))], heights=h.heights,
-                   column_height=h.column_height)
+                   column_height=h.column_height, image_frontend=h.image_frontend)
 
 
 def check_compatible(a: Dataset, b: Dataset, what: str):

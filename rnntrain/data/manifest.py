@@ -154,7 +154,8 @@ def open_manifest(path) -> Dataset:
         raise DataError(path, f"chunks hold {first} sequences but the index has {n}")
     return Dataset(str(path), list(man["labels"]), man["inputPattSize"], lengths, targets,
                    [str(t) for t in idx["tags"]], chunks, shards, within=man["within"],
-                   heights=heights, column_height=int(man.get("imageHeight", 0)))
+                   heights=heights, column_height=int(man.get("imageHeight", 0)),
+                   image_frontend=str(man.get("imageFrontend", "")))
 
 
 # ---------------------------------------------------------------- plans

@@ -68,6 +68,7 @@ class NcHeader:
     tags: list[str]
     heights: np.ndarray | None = None
     column_height: int = 0
+    image_frontend: str = ""     # the rnntrain_images attribute (JSON) of converted images
     offsets: np.ndarray = field(init=False)
 
     def __post_init__(self):
@@ -150,6 +151,8 @@ def read_header(path) -> NcHeader:
         if inp.dtype.kind not in "iuf":
             raise DataError(path, f"expected a numeric type, got {inp.dtype}", var="inputs")
         heights, column_height = None, 0
+        image_frontend = str(ds.getncattr("rnntrain_images")) \
+            if "rnntrain_images" in ds.ncattrs() else ""
         if "imageHeight" in ds.ncattrs():
             column_height = int(np.asarray(ds.getncattr("imageHeight")).reshape(-1)[0])
             if ndim != 1 or column_height < 1 or f % column_height:
@@ -223,7 +226,8 @@ def read_header(path) -> NcHeader:
                                   f"({len(labels)} labels: {' '.join(labels[:20])}"
                                   f"{' ...' if len(labels) > 20 else ''})",
                             var="targetStrings", seq=i, tag=tags[i]) from None
-    return NcHeader(path, f, labels, lengths, targets, tags, heights, column_height)
+    return NcHeader(path, f, labels, lengths, targets, tags, heights, column_height,
+                    image_frontend)
 
 
 def read_rows(path, start: int, stop: int) -> np.ndarray:
