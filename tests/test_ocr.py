@@ -296,3 +296,29 @@ def test_conv_2d_sigkill_resume_bit_identical(tmp_path):
     assert rc == 0, err[-3000:]
     run = killed_and_resumed(tmp_path, cfg, kill_points(5, steps_per_epoch(err), 2))
     assert_same_final(tmp_path / "straight", run)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_conv_2d_two_ranks_train_like_one(tmp_path):
+    """2 MPI ranks with global batch B end an epoch with the weights of 1 rank with batch
+    B (conv front end, 2-D images of two heights; no dropout: its masks are drawn per
+    task, and tasks differ with the rank count)."""
+    from tests.conftest import mpiexec
+    from tests.test_mpi import launch, rel_diff
+    if mpiexec() is None:
+        pytest.skip("mpiexec not found")
+    imgs, targets = glyph_images(40, seed=13, short_height=6)
+    ncdata.write_images(tmp_path / "train.nc", imgs, targets, LABELS)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[data]\ntrain = "{tmp_path / "train.nc"}"\n'
+                   "[model]\nfrontend = \"conv\"\nconv_channels = [4, 8]\nconv_pool_h = [2, 2]\n"
+                   "conv_pool_w = [2, 1]\nlayers = 1\nhidden = 16\n"
+                   "[train]\nepochs = 1\nbatch_frames = 120\nthreads = 1\nlog_every = 4\n")
+    r, _ = launch(1, "tests/mpi_train.py", tmp_path, cfg, "serial=")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r, _ = launch(2, "tests/mpi_train.py", tmp_path, cfg, "ar2=dist.mode=allreduce")
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = dict(np.load(tmp_path / "serial.npz")), dict(np.load(tmp_path / "ar2.npz"))
+    assert any(k.startswith("frontend.") for k in a)
+    assert rel_diff(a, b) <= 1e-5
