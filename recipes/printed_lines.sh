@@ -13,13 +13,13 @@
 # lines use STIX General (a Times-like serif) only. Lines are 32 pixels high after
 # scaling, up to 32 characters; the alphabet is printable ASCII plus <space> (95 labels),
 # so the character error rate is the label error rate `rnntrain eval` prints.
-# Sizes (environment): TRAIN_LINES (default 3000), VAL_LINES (200), TEST_LINES (400).
+# Sizes (environment): TRAIN_LINES (default 4000), VAL_LINES (200), TEST_LINES (400).
 # Data go to data/printed_lines/, the run to runs/printed_lines/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python}"
 OUT=data/printed_lines
-TRAIN_LINES=${TRAIN_LINES:-3000}
+TRAIN_LINES=${TRAIN_LINES:-4000}
 VAL_LINES=${VAL_LINES:-200}
 TEST_LINES=${TEST_LINES:-400}
 "$PY" -c "import PIL, faker, matplotlib" 2>/dev/null || {
