@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from rnntrain.config import load_config
-from rnntrain.compute.model import build_model, total_subsample, min_frames
+from rnntrain.compute.model import build_model, total_subsample
+from rnntrain.data.dataset import min_frames
 from rnntrain.compute.tasks import collate
 from rnntrain.data import ncdata
 from rnntrain.data.dataset import Dataset
