@@ -11,6 +11,7 @@ does not depend on which worker thread ran the task.
 """
 from __future__ import annotations
 
+import math
 
 import numpy as np
 import torch
