@@ -95,6 +95,9 @@ def export(model, out, fmt: str, check_frames: list[np.ndarray] | None = None) -
     if model.net is None:
         raise UserError(f"{model.path}: already an exported model ({model.engine.name}); "
                         f"export from its checkpoint or run folder")
+    if getattr(model.net, "frontend", None) is not None:
+        raise UserError(f"{model.path}: the convolutional front end (model.frontend, 2-D "
+                        f"data) is not exported yet; only LSTM stacks export")
     cell = model.meta.model.get("cell", "lstm")
     if fmt == "onnx" and cell != "lstm":
         raise UserError(f"{model.path}: cell '{cell}' (RNNLIB's peephole LSTM) cannot be "

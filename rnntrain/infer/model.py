@@ -198,14 +198,16 @@ def load_checkpoint(path: Path):
     from rnntrain.run import checkpoint as ckpt
     ck = ckpt.load(path)
     cfg = config_from_dict(ck["config"])
-    net = build_model(cfg.model, ck["input_size"], len(ck["labels"]))
+    net = build_model(cfg.model, ck["input_size"], len(ck["labels"]),
+                      height=ck.get("image_height", 0) or 1)
     try:
         net.load_state_dict(ck["model"])
     except (RuntimeError, KeyError) as e:
         raise UserError(f"{path}: weights do not fit the model section of its config "
                         f"({str(e).splitlines()[0][:200]})") from None
     fe = ck.get("frontend")
-    meta = Meta(list(ck["labels"]), int(ck["input_size"]), cfg.model.subsample,
+    from rnntrain.compute.model import total_subsample
+    meta = Meta(list(ck["labels"]), int(ck["input_size"]), total_subsample(cfg.model),
                 FrontEnd.from_dict(fe, str(path)) if fe else None,
                 dict(ck["config"]["model"]), str(path))
     return net.eval(), meta
