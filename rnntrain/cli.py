@@ -26,8 +26,8 @@ def _cmd_train(args) -> int:
     try:
         train(cfg, args.config, args.overrides, resume=args.resume)
     except BaseException as e:
-        from rnntrain.parallel import mpi as dist
-        dist.fail(e)  # under MPI: name this rank and abort the whole job (no hang)
+        from rnntrain.parallel import launch as dist
+        dist.fail(e)  # N ranks: name this rank and abort the whole job (no hang)
         raise
     return 0
 

@@ -77,6 +77,7 @@ class CheckpointConfig:
 
 @dataclass
 class DistConfig:
+    backend: str = "auto"        # "auto" (from the launcher), "mpi", "torch" (torchrun)
     mode: str = "allreduce"      # "allreduce" or "master"
     wire: str = "fp32"           # gradient wire format: "fp32", "bf16", "fp16"
     timeout_s: float = 120.0     # a rank that does not arrive within this is reported dead
@@ -105,6 +106,7 @@ CHOICES = {
     ("optim", "normalize"): ("sum", "sequences", "frames"),
     ("optim", "schedule"): ("constant", "cosine", "step"),
     ("train", "precision"): ("fp32", "bf16", "fp16"),
+    ("dist", "backend"): ("auto", "mpi", "torch"),
     ("dist", "mode"): ("allreduce", "master"),
     ("dist", "wire"): ("fp32", "bf16", "fp16"),
 }

@@ -1,8 +1,9 @@
 """The training loop: config → data → model → loop → close, top to bottom.
 
 Data flows one way: the epoch plan (lengths only) → the chunk reader (two chunks resident)
-→ the worker pool (tasks, barrier) → fixed-order gradient reduce → MPI (one collective per
-step, stand-in when alone) → normalise, clip, optimizer → metrics and checkpoints (rank 0).
+→ the worker pool (tasks, barrier) → fixed-order gradient reduce → MPI or torch.distributed
+(one collective per step, stand-in when alone) → normalise, clip, optimizer → metrics and
+checkpoints (rank 0).
 Every random draw is a function of (seed, epoch, step, task), so a resumed run repeats the
 uninterrupted one exactly.
 """
@@ -18,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from rnntrain.run import checkpoint as ckpt
-from rnntrain.parallel import mpi as dist
+from rnntrain.parallel import launch as dist
 from rnntrain.run import trace
 from rnntrain.config import Config, to_dict, to_toml
 from rnntrain.data.dataset import Dataset, check_compatible
@@ -46,7 +47,7 @@ def describe_skipped(ds: Dataset, keep: np.ndarray, what: str) -> str:
 
 
 def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str | None = None):
-    comm = dist.init(cfg.dist)
+    comm = dist.init(cfg.dist, cfg.train.device)
     trace.attach(comm)  # aligns the ranks' clocks when --trace is on
     tc, rank = cfg.train, comm.rank
     device = pick_device(tc.device, comm.local_rank)
