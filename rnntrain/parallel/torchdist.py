@@ -9,8 +9,8 @@ job the group is ``cpu:gloo,cuda:nccl``, so device tensors (``GradBuckets``) tra
 NCCL and the host ones still over gloo.
 
 Failure handling, as in the MPI layer: every collective is started asynchronously and
-waited for under a deadline (``dist.timeout_s``, which is also the process group's own
-timeout). A collective that fails (a peer's connection closed: the process died or
+waited for under a deadline (``dist.timeout_s``; the process group's own timeout, a little
+longer, is the backstop). A collective that fails (a peer's connection closed: the process died or
 raised) or passes its deadline (a peer stuck) starts a roll call through the rendezvous
 store (torchrun's agent hosts it, so it outlives any rank): each rank still in the job
 checks in under the collective's sequence number, and the lowest one names the ranks that
@@ -41,8 +41,9 @@ from rnntrain.parallel.mpi import Combine, LocalComm
 
 _SPIN_S = 0.02      # busy-progress window before backing off (as in mpi.MPIComm._wait)
 _POLL_STORE_S = 0.1  # while waiting longer: how often to look for a roll call
-# start-up object collectives wait at least this long: ranks open their data at their own
-# pace before the first one, and a small dist.timeout_s is meant for steps
+# object collectives (start-up, as the MPI layer's blocking ones) wait at least this long:
+# ranks open their data at their own pace before the first one, and a small
+# dist.timeout_s is meant for steps
 _STARTUP_MIN_S = 60.0
 
 
@@ -69,8 +70,11 @@ class TorchComm(LocalComm):
         if self.nccl:
             # NCCL's watchdog aborts a timed-out collective instead of hanging the stream
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-        td.init_process_group(self.backend, timeout=timedelta(seconds=timeout_s),
-                              rank=self.rank, world_size=self.size)
+        # the group's own timeout is the backstop (gloo's ops and NCCL's watchdog give up
+        # after it); our deadlines, polled in wait(), are the ones that fire: timeout_s per
+        # step, longer for the start-up object collectives (see _startup)
+        td.init_process_group(self.backend, rank=self.rank, world_size=self.size,
+                              timeout=timedelta(seconds=max(timeout_s, _STARTUP_MIN_S) + 5))
         self.store = td.PrefixStore("rnntrain/", td.distributed_c10d._get_default_store())
         self._seq = 0
         self._idle = threading.Event()  # never set: a bounded sleep between polls
