@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -209,6 +210,29 @@ def test_stuck_rank_zero_is_named_by_the_next(tiny_config, tmp_path):
 
 
 @pytest.mark.torchrun
+@pytest.mark.slow
+def test_sigterm_to_torchrun_stops_every_rank_after_one_step(tiny_config, tmp_path):
+    """torchrun forwards SIGTERM to its workers (Slurm preemption, scancel): the ranks agree
+    on the step (the stop flag rides a collective), rank 0 checkpoints it, the run is
+    marked stopped. (torchrun itself then exits non-zero: it was signalled.)"""
+    run = tmp_path / "run"
+    cmd = [*TORCHRUN, "--nproc_per_node", "2", "-m", "rnntrain", "train", str(tiny_config),
+           f"run.dir={run}", "train.epochs=50"]
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    for line in p.stderr:
+        if "step/s" in line:  # stepping
+            p.send_signal(signal.SIGTERM)
+            break
+    p.communicate(timeout=120)
+    log = (run / "train.log").read_text()
+    m = re.search(r"stopped by SIGTERM after step (\d+); checkpoint saved", log)
+    assert m, log[-2000:]
+    assert (run / "checkpoints" / f"step-{int(m.group(1)):08d}.pt").exists()
+    assert json.loads((run / "status.json").read_text())["status"] == "stopped"
+
+
+@pytest.mark.torchrun
 def test_overlapped_bucket_exchange_on_gloo(tmp_path):
     r, _ = launch(2, "tests/torch_buckets.py", tmp_path, "cpu")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -270,3 +294,25 @@ def test_resume_across_engines(tiny_config, tmp_path):
         for i, s in a["optim"]["state"].items():
             for k, v in s.items():
                 assert torch.equal(v, b["optim"]["state"][i][k]), (first, second, i, k)
+
+
+def test_only_the_engine_modules_touch_a_distributed_library():
+    """mpi4py only in parallel/mpi.py, torch.distributed only in parallel/torchdist.py:
+    everything else talks to the communicator interface."""
+    import ast
+    owners = {"mpi4py": "rnntrain/parallel/mpi.py",
+              "torch.distributed": "rnntrain/parallel/torchdist.py"}
+    for path in sorted((ROOT / "rnntrain").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id == "torch" and node.attr == "distributed":
+                names = ["torch.distributed"]
+            for lib, owner in owners.items():
+                if any(n == lib or n.startswith(lib + ".") for n in names):
+                    assert rel == owner, f"{rel} uses {lib} (only {owner} may)"
