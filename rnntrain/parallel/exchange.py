@@ -8,7 +8,7 @@ batch B make the same update as one rank with batch B).
 - ``dist.mode = "master"``: Reduce to rank 0, rank 0 steps the optimizer (it computes too)
   and broadcasts the new weights.
 - ``dist.wire = "fp32"``: the buffer as it is (MPI's own SUM, ring/Rabenseifner for big
-  messages). ``"bf16"``/``"fp16"``: a compressed message [scale, non-finite flag, stats
+  messages; torch.distributed: ``all_reduce`` on the buffer's device, NCCL on a GPU). ``"bf16"``/``"fp16"``: a compressed message [scale, non-finite flag, stats
   (fp32) | gradient (16-bit)] reduced with a custom op that decodes both operands with their
   own scale, sums in fp32 and re-encodes with a fresh power-of-two scale (fp16's range is
   65504: without scaling large sums overflow and small gradients flush to zero). The flag
@@ -123,6 +123,15 @@ class Exchange:
             return
         what = f"gradient exchange of step {step}"
         flat = self.flat
+        if self.codec is None and getattr(self.comm, "tensor_collectives", False):
+            # torch.distributed: the flat buffer where it lives (NCCL on a GPU, without the
+            # host staging MPI needs; gloo on the CPU)
+            if self.mode == "allreduce":
+                self.comm.allreduce_t(flat.buf, what)
+            else:
+                self.comm.reduce_t(flat.buf, 0, what)
+            self.bytes_sent += flat.buf.numel() * flat.buf.element_size()
+            return
         if self._pinned is not None:
             self._pinned.copy_(flat.buf)
         if self.codec is None:

@@ -118,6 +118,19 @@ class TorchComm(LocalComm):
         self._run(lambda: _all_gather(dst, src, async_op=True), what)
         return out
 
+    # ---- the same on torch tensors where they live (NCCL for CUDA tensors, gloo for CPU)
+    tensor_collectives = True
+
+    def allreduce_t(self, t: torch.Tensor, what: str = "allreduce") -> torch.Tensor:
+        """Sum ``t`` over ranks in place."""
+        self._run(lambda: td.all_reduce(t, async_op=True), what)
+        return t
+
+    def reduce_t(self, t: torch.Tensor, root: int = 0, what: str = "reduce") -> torch.Tensor:
+        """Sum ``t`` into ``root``'s ``t``."""
+        self._run(lambda: td.reduce(t, dst=root, async_op=True), what)
+        return t
+
     @staticmethod
     def _fold(rows: np.ndarray, combine: Combine, out: np.ndarray):
         """out ← rows[0] ⊕ rows[1] ⊕ … in rank order (the same bytes on every rank)."""
