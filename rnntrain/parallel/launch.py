@@ -83,17 +83,22 @@ def choose(backend: str, environ: Mapping[str, str] = os.environ) -> str:
 
 
 _COMM: LocalComm | None = None
+_ENV_ERROR = False  # init failed on the environment alone: every process fails alike
 
 
 def init(dcfg=None, device: str = "auto") -> LocalComm:
     """The communicator of this job (kept for ``fail``; a second call returns it)."""
-    global _COMM
+    global _COMM, _ENV_ERROR
     timeout = float(getattr(dcfg, "timeout_s", 120.0))
     if _COMM is not None:
         if _COMM.size > 1:
             _COMM.timeout_s = timeout
         return _COMM
-    kind = choose(getattr(dcfg, "backend", "auto"))
+    try:
+        kind = choose(getattr(dcfg, "backend", "auto"))
+    except UserError:
+        _ENV_ERROR = True  # found alike by every process of the launch (see fail)
+        raise
     if kind == "torch":
         from rnntrain.parallel.torchdist import TorchComm
         comm = TorchComm(timeout, cuda=device != "cpu")
@@ -101,6 +106,7 @@ def init(dcfg=None, device: str = "auto") -> LocalComm:
         comm = mpi.init(dcfg)
         launcher, n = world_from_env()
         if comm.size == 1 and n > 1:
+            _ENV_ERROR = True
             raise UserError(f"{launcher} started this process as one of {n}, but MPI (mpi4py) "
                             "sees a single process: mpi4py is built against another MPI than "
                             "the launcher's (use that MPI's mpiexec, or srun --mpi=pmix/pmi2)")
@@ -111,5 +117,18 @@ def init(dcfg=None, device: str = "auto") -> LocalComm:
 
 
 def fail(exc: BaseException):
-    """The CLI's abort-on-error for whichever engine runs (see ``mpi.fail_job``)."""
+    """The CLI's abort-on-error for whichever engine runs (see ``mpi.fail_job``).
+
+    When the launch itself cannot work (every process finds the same problem in the same
+    environment, before any engine runs), only the process the launcher calls rank 0
+    reports it; the others exit with the same status quietly: one line, not N."""
+    if _COMM is None and _ENV_ERROR and _launcher_rank() > 0:
+        os._exit(2)
     mpi.fail_job(_COMM, exc)
+
+
+def _launcher_rank(environ: Mapping[str, str] = os.environ) -> int:
+    for var in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if environ.get(var, "").isdigit():
+            return int(environ[var])
+    return 0

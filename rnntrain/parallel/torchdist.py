@@ -73,8 +73,14 @@ class TorchComm(LocalComm):
         # the group's own timeout is the backstop (gloo's ops and NCCL's watchdog give up
         # after it); our deadlines, polled in wait(), are the ones that fire: timeout_s per
         # step, longer for the start-up object collectives (see _startup)
-        td.init_process_group(self.backend, rank=self.rank, world_size=self.size,
-                              timeout=timedelta(seconds=max(timeout_s, _STARTUP_MIN_S) + 5))
+        try:
+            td.init_process_group(self.backend, rank=self.rank, world_size=self.size,
+                                  timeout=timedelta(seconds=max(timeout_s, _STARTUP_MIN_S) + 5))
+        except (RuntimeError, ValueError) as e:  # DistNetworkError/DistStoreError included
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(f"torch.distributed: rank {self.rank} of {self.size} cannot join "
+                            f"the process group at {env.get('MASTER_ADDR')}:"
+                            f"{env.get('MASTER_PORT')} ({first})") from None
         self.store = td.PrefixStore("rnntrain/", td.distributed_c10d._get_default_store())
         self._seq = 0
         self._idle = threading.Event()  # never set: a bounded sleep between polls
