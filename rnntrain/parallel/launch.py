@@ -13,6 +13,7 @@ detected engine cannot join the N processes, that is one clean error before any 
 from __future__ import annotations
 
 import os
+import time
 from typing import Mapping
 
 from rnntrain.errors import UserError
@@ -123,6 +124,8 @@ def fail(exc: BaseException):
     environment, before any engine runs), only the process the launcher calls rank 0
     reports it; the others exit with the same status quietly: one line, not N."""
     if _COMM is None and _ENV_ERROR and _launcher_rank() > 0:
+        # leave after rank 0 has printed: the launcher stops the job when any process exits
+        time.sleep(3.0)
         os._exit(2)
     mpi.fail_job(_COMM, exc)
 
