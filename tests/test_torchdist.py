@@ -296,24 +296,3 @@ def test_resume_across_engines(tiny_config, tmp_path):
             for k, v in s.items():
                 assert torch.equal(v, b["optim"]["state"][i][k]), (first, second, i, k)
 
-
-def test_only_the_engine_modules_touch_a_distributed_library():
-    """mpi4py only in parallel/mpi.py, torch.distributed only in parallel/torchdist.py:
-    everything else talks to the communicator interface."""
-    import ast
-    owners = {"mpi4py": "rnntrain/parallel/mpi.py",
-              "torch.distributed": "rnntrain/parallel/torchdist.py"}
-    for path in sorted((ROOT / "rnntrain").rglob("*.py")):
-        rel = path.relative_to(ROOT).as_posix()
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
-                    and node.value.id == "torch" and node.attr == "distributed":
-                names = ["torch.distributed"]
-            for lib, owner in owners.items():
-                if any(n == lib or n.startswith(lib + ".") for n in names):
-                    assert rel == owner, f"{rel} uses {lib} (only {owner} may)"
