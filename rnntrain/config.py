@@ -89,6 +89,13 @@ class RunConfig:
 
 
 @dataclass
+class LogConfig:
+    tensorboard: bool = False    # also write TensorBoard event files to <run.dir>/tensorboard
+    progress: str = "auto"       # "bar" (tqdm), "lines" (a plain line every train.log_every
+    #                              steps) or "auto": bar on a terminal, lines otherwise
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -97,6 +104,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
 
 CHOICES = {
@@ -107,6 +115,7 @@ CHOICES = {
     ("train", "precision"): ("fp32", "bf16", "fp16"),
     ("dist", "mode"): ("allreduce", "master"),
     ("dist", "wire"): ("fp32", "bf16", "fp16"),
+    ("log", "progress"): ("auto", "bar", "lines"),
 }
 POSITIVE = {("model", "layers"), ("model", "hidden"), ("model", "subsample"),
             ("optim", "lr"), ("train", "epochs"), ("train", "batch_frames"),
@@ -119,6 +128,11 @@ NON_NEGATIVE = {("optim", "momentum"), ("optim", "weight_decay"), ("optim", "cli
                 ("train", "threads"), ("train", "patience"), ("checkpoint", "every_steps"),
                 ("checkpoint", "every_minutes"), ("model", "dropout"), ("train", "seed"),
                 ("train", "round_lengths")}
+
+
+def section_names() -> set[str]:
+    """The TOML tables of a config (the CLI tells ``--section.key value`` from options)."""
+    return {f.name for f in fields(Config)}
 
 
 def _valid_keys(obj) -> str:

@@ -16,6 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from rnntrain.data.dataset import min_frames  # noqa: F401  (torch-free; re-exported)
+
 
 def stack_frames(x: torch.Tensor, lengths: torch.Tensor, k: int):
     """Stack k consecutive frames into one. x: (T, N, F) → (ceil(T/k), N, k*F).
@@ -140,12 +142,6 @@ def training_flops_per_frame(input_size, hidden, layers, bidirectional, num_clas
         size = hidden * dirs
     macs += size * num_classes
     return 2.0 * 3.0 * macs
-
-
-def min_frames(target: "list[int] | torch.Tensor") -> int:
-    """Shortest input (after subsampling) that can emit ``target`` under CTC: S + repeats."""
-    t = list(map(int, target))
-    return len(t) + sum(1 for a, b in zip(t, t[1:]) if a == b)
 
 
 def ctc_loss_sum(log_probs: torch.Tensor, out_lengths: torch.Tensor, targets: list,

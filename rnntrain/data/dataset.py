@@ -16,7 +16,12 @@ import numpy as np
 
 from rnntrain.data import ncdata
 from rnntrain.errors import DataError, UserError
-from rnntrain.compute.model import min_frames
+
+
+def min_frames(target: "list[int] | torch.Tensor") -> int:
+    """Shortest input (after subsampling) that can emit ``target`` under CTC: S + repeats."""
+    t = list(map(int, target))
+    return len(t) + sum(1 for a, b in zip(t, t[1:]) if a == b)
 
 
 @dataclass

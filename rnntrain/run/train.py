@@ -38,6 +38,21 @@ from rnntrain.compute.pool import Task, WorkerPool, default_threads, intra_threa
 from rnntrain.compute.tasks import FlatGrad, TaskComputer, cost_model_for
 
 
+def finished_note(state: dict, tc, config_path, overrides, run_dir) -> str | None:
+    """Why a resumed run has nothing left to do (and how to train it further), or None."""
+    hint = resume_hint(config_path, [o for o in overrides if not o.lstrip("-").startswith(
+        ("train.epochs=", "train.patience="))], run_dir)
+    if state["epoch"] >= tc.epochs:
+        return (f"run {run_dir} is finished: {state['epoch']} of train.epochs={tc.epochs} "
+                f"epochs done; to train more, raise train.epochs: {hint} "
+                f"train.epochs={state['epoch'] + tc.epochs}")
+    if tc.patience and state.get("since_best", 0) >= tc.patience:
+        return (f"run {run_dir} is finished: stopped early after {state['since_best']} "
+                f"validations without improvement (train.patience={tc.patience}); to train "
+                f"more, raise train.patience (0 = never stop early): {hint} train.patience=0")
+    return None
+
+
 def describe_skipped(ds: Dataset, keep: np.ndarray, what: str) -> str:
     bad = np.flatnonzero(~keep)
     tags = ", ".join(ds.tag(int(i)) for i in bad[:8]) + (" ..." if len(bad) > 8 else "")
@@ -72,9 +87,12 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     resolved = to_toml(cfg)
     run_dir = Path(cfg.run.dir) if cfg.run.dir else default_run_dir(
         cfg.run.name or config_path, list(overrides), resolved)
-    if not resume and (why := comm.bcast_obj(ckpt.existing_run(run_dir) if rank == 0 else None)):
+    why = comm.bcast_obj(ckpt.existing_run(run_dir) if rank == 0 else None)
+    if resume == "if-any":  # a requeued batch job: continue if there is something to continue
+        resume = "auto" if why else None
+    if not resume and why:
         raise UserError(why)  # never overwrite (and prune) another run's checkpoints
-    log = RunLog(run_dir if rank == 0 else None)
+    log = RunLog(run_dir if rank == 0 else None, cfg.log)
     log.write_text("config.toml", resolved)
     if comm.size > 1:
         log.info(comm.roster())
@@ -103,6 +121,10 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
             log.info(f"resumed from {ck['path']} at epoch {state['epoch'] + 1} "
                      f"step {state['step']}")
     state = exch.sync_start(model, opt, state)  # rank 0's weights/optimizer, checksummed
+    if resume and (done := finished_note(state, tc, config_path, overrides, run_dir)):
+        log.info(done)  # status.json still says finished, with the run's own start time
+        log.close()
+        return run_dir
     bad = BadSteps(state, tc.max_bad_steps, device)
 
     plan0 = make_plan(train_ds, keep, tc.batch_frames, tc.seed, 0, rank, comm.size,
@@ -126,7 +148,7 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     stop = StopFlag()
     last_ckpt_time, bar, reader = time.monotonic(), None, None
     every = host_every(device, tc.log_every)
-    log.set_status("running")
+    log.set_status("running", resumed=bool(resume))
     try:
         for epoch in range(state["epoch"], tc.epochs):
             plan = make_plan(train_ds, keep, tc.batch_frames, tc.seed, epoch, rank, comm.size,
@@ -134,7 +156,8 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
             start = state["pos"]
             reader = ChunkReader(train_ds.load_chunk, chunk_order(plan[start:]))
             bar = tqdm(total=len(plan), initial=start, desc=f"epoch {epoch + 1}/{tc.epochs}",
-                       unit="step", disable=rank != 0, dynamic_ncols=True, mininterval=1.0)
+                       unit="step", disable=rank != 0 or not log.bar, dynamic_ncols=True,
+                       mininterval=1.0)
             acc, chunk, payload = Window(device), None, None
             for i in range(start, len(plan)):
                 step = plan[i]
@@ -185,6 +208,7 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                                     fps=f"{rec['frames_per_s']:.0f}")
                     log.metrics(split="train", epoch=epoch, step=state["step"],
                                 lr=opt.param_groups[0]["lr"], **rec)
+                    log.progress(epoch, tc.epochs, i + 1, len(plan), rec)
                 due = (cfg.checkpoint.every_steps and state["step"] % cfg.checkpoint.every_steps == 0) \
                     or time.monotonic() - last_ckpt_time > 60 * cfg.checkpoint.every_minutes
                 pause_point("step", state["step"])
