@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="frame stacking used in training (for the infeasible count)")
     i.set_defaults(fn=_inspect)
     h = sub.add_parser("shard", help="length-sorted shards + manifest (streaming)")
-    h.add_argument("inputs", nargs="+", metavar="INPUT.nc")
+    h.add_argument("inputs", nargs="+", metavar="INPUT.nc", help="RNNLIB .nc files to shard")
     h.add_argument("--shards", type=positive_int, required=True, help="number of shards (a multiple "
                    "of the number of MPI ranks you will train on)")
     h.add_argument("--out", required=True, help="output folder (gets manifest.json)")

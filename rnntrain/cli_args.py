@@ -160,7 +160,9 @@ def resolve_resume(value: str | None, overrides: list[str]) -> tuple[str | None,
 def run_main(prog: str, cmd: str, fn, *args) -> int:
     """Call ``fn(*args)``; user errors → one line on stderr and exit 2."""
     try:
-        return fn(*args) or 0
+        rc = fn(*args) or 0
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+        return rc
     except UserError as e:
         print(f"{prog} {cmd}: error: {e}", file=sys.stderr)
         return 2

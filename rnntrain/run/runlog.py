@@ -106,8 +106,8 @@ class RunLog:
             return
         now = time.monotonic()
         last, self._t_progress = self._t_progress, (now, pos)
-        rate = (f", {(pos - last[1]) / max(now - last[0], 1e-9):.2f} step/s"
-                if last is not None and pos > last[1] else "")
+        done = None if last is None else pos - last[1] if pos > last[1] else pos  # new epoch
+        rate = f", {done / max(now - last[0], 1e-9):.2f} step/s" if done else ""
         print(f"epoch {epoch + 1}/{epochs} step {pos}/{steps}{rate}: loss {rec['loss']:.3f}, "
               f"ler {rec['ler']:.3f}, {rec['frames_per_s']:.0f} frames/s", file=sys.stderr,
               flush=True)
