@@ -126,6 +126,8 @@ def take_resume(argv: list[str]) -> tuple[list[str], str | None]:
                     raise UserError("--resume= needs a value: auto, if-any or a checkpoint path")
             else:
                 nxt = argv[i + 1] if i + 1 < len(argv) else None
+                if nxt is not None and nxt.endswith(".pt") and not Path(nxt).exists():
+                    raise UserError(f"--resume {nxt}: checkpoint not found")
                 if nxt is not None and (nxt in RESUME_WORDS or Path(nxt).is_dir() or (
                         Path(nxt).is_file() and not nxt.endswith(".toml"))):
                     value = nxt

@@ -46,6 +46,8 @@ def test_resume_takes_only_what_it_can_use(tmp_path, monkeypatch):
     assert take_resume(["--resume", "last.pt", "c.toml"]) == (["c.toml"], "last.pt")
     assert take_resume(["--resume", "if-any"]) == ([], "if-any")
     assert take_resume(["--resume=nothing-here.pt"]) == ([], "nothing-here.pt")
+    with pytest.raises(ValueError, match="nope.pt: checkpoint not found"):
+        take_resume(["--resume", "nope.pt"])
     argv, ov, resume = _prepared("--resume", "run.dir=x", "c.toml")
     assert (ov, resume, cli.build_parser().parse_args(argv).config) == (["run.dir=x"], "auto",
                                                                          "c.toml")
