@@ -4,6 +4,7 @@ checks that keep the wheel complete as the tree changes."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -51,8 +52,15 @@ def test_wheel_in_a_fresh_venv_from_another_folder(tmp_path):
     a new venv (pip's configured index; constraints.txt pins the CPU torch), then work
     in a folder that is not the repository, with no PYTHONPATH."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # build from a copy: setuptools leaves build/ and *.egg-info next to the sources, and a
+    # stale build/lib would put deleted modules into the next wheel
+    top = {".git", ".venv", "build", "dist", "runs", "data", "sweeps", ".pytest_cache"}
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, symlinks=True, ignore=lambda d, names: [
+        n for n in names if (Path(d) == ROOT and n in top) or n == "__pycache__"
+        or n.endswith(".egg-info")])
     _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-          "-w", str(tmp_path / "dist"), str(ROOT)], tmp_path, env)
+          "-w", str(tmp_path / "dist"), str(src)], tmp_path, env)
     wheel = next((tmp_path / "dist").glob("rnntrain-*.whl"))
     _run([sys.executable, "-m", "venv", str(tmp_path / "venv")], tmp_path, env)
     bin_ = tmp_path / "venv" / "bin"
