@@ -208,13 +208,15 @@ def test_tensorboard_per_rank_split(tmp_path):
                    "train/rank1/compute_s": [(7, 0.4)], "train/rank1/comm_s": [(7, 0.02)]}
 
 
-def test_data_commands_do_not_import_torch(synth_pair):
-    for argv in (["inspect", str(synth_pair[0])], ["--help"]):
-        r = subprocess.run([sys.executable, "-X", "importtime", "-m", "data_tools", *argv],
+def test_data_commands_do_not_import_torch(synth_pair, tmp_path):
+    for module, *argv in (["data_tools", "inspect", str(synth_pair[0])],
+                          ["data_tools", "--help"], ["rnntrain", "runs", str(tmp_path)],
+                          ["rnntrain", "init", "--list"]):
+        r = subprocess.run([sys.executable, "-X", "importtime", "-m", module, *argv],
                            capture_output=True, text=True, cwd=ROOT, timeout=120,
                            env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
         assert r.returncode == 0, r.stderr[-2000:]
         imported = {ln.rsplit("|", 1)[-1].strip() for ln in r.stderr.splitlines()
                     if ln.startswith("import time:")}
-        assert "numpy" in imported or argv == ["--help"]
+        assert "numpy" in imported or module == "rnntrain" or argv == ["--help"]
         assert not {m for m in imported if m == "torch" or m.startswith("torch.")}, argv
