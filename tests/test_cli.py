@@ -80,6 +80,7 @@ def test_every_option_has_help_and_shows_its_default(module):
     import importlib
     parser = importlib.import_module(module).build_parser()
     for name, sub in _subparsers(parser):
+        assert sub.format_help()  # renders (a stray % in a help text would raise here)
         fmt = sub._get_formatter()
         for a in sub._actions:
             if isinstance(a, argparse._HelpAction):
