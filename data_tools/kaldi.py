@@ -156,9 +156,9 @@ def lhotse_entries(cuts_path, units: str = "words") -> tuple[list[Entry], str]:
         raise UserError(f"{p}: cut set file not found")
     try:
         from lhotse import CutSet
-    except ImportError:
-        raise UserError("rnntrain-data lhotse needs the lhotse package: pip install lhotse "
-                        "(or rnntrain[lhotse])") from None
+    except ImportError as e:  # not installed, or installed without one of its own imports
+        raise UserError(f"rnntrain-data lhotse needs the lhotse package: pip install "
+                        f"'rnntrain[lhotse]' ({e})") from None
     try:
         cuts = CutSet.from_file(p)
         cut_list = list(cuts)
