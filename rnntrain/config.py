@@ -8,12 +8,34 @@ component receives only its own section.
 from __future__ import annotations
 
 import dataclasses
+import json
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from rnntrain.errors import ConfigError
+
+
+# Limits live next to their fields: ``field(metadata=...)`` with "gt" / "ge" / "lt" bounds
+# (``positive`` / ``non_negative`` below); choices are ``Literal`` types. ``validate``
+# reads both from the dataclasses, so a new key needs no second table.
+def positive(default):
+    return field(default=default, metadata={"gt": 0})
+
+
+def non_negative(default):
+    return field(default=default, metadata={"ge": 0})
+
+
+Cell = Literal["lstm", "peephole"]
+Optimizer = Literal["adam", "sgd"]
+Normalize = Literal["sum", "sequences", "frames"]
+Schedule = Literal["constant", "cosine", "step"]
+Precision = Literal["fp32", "bf16", "fp16"]
+PlanStrategy = Literal["auto", "length", "sharded", "random"]
+ExchangeMode = Literal["allreduce", "master"]
+Progress = Literal["auto", "bar", "lines"]
 
 
 @dataclass
@@ -21,65 +43,66 @@ class DataConfig:
     train: str = ""              # .nc file or dataset manifest.json
     val: str = ""                # validation set (same alphabet and inputPattSize)
     test: str = ""               # optional: scored with the best checkpoint after training
-    chunk_frames: int = 2_000_000  # virtual chunk size when a single .nc file is given
+    chunk_frames: int = positive(2_000_000)  # virtual chunk size when a single .nc file is given
 
 
 @dataclass
 class ModelConfig:
-    layers: int = 2
-    hidden: int = 128            # units per direction
+    layers: int = positive(2)
+    hidden: int = positive(128)  # units per direction
     bidirectional: bool = True
-    subsample: int = 1           # stack this many frames into one (speech: 3 is typical)
-    cell: str = "lstm"           # "lstm" (cuDNN/oneDNN) or "peephole" (RNNLIB's cell)
-    dropout: float = 0.0         # between layers
+    subsample: int = positive(1)  # stack this many frames into one (speech: 3 is typical)
+    cell: Cell = "lstm"          # "lstm" (cuDNN/oneDNN) or "peephole" (RNNLIB's cell)
+    dropout: float = field(default=0.0, metadata={"ge": 0, "lt": 1})  # between layers
 
 
 @dataclass
 class OptimConfig:
-    name: str = "adam"           # "adam" or "sgd" (RNNLIB: sgd, lr 1e-4, momentum 0.9, sum)
-    lr: float = 1e-3
-    momentum: float = 0.9        # sgd only
-    weight_decay: float = 0.0
-    clip_norm: float = 0.0       # global gradient-norm clipping; 0 = off
-    normalize: str = "sequences"  # loss normalisation: "sum" (RNNLIB), "sequences", "frames"
-    schedule: str = "constant"   # "constant", "cosine", "step"
-    warmup_steps: int = 0
-    step_epochs: int = 10        # "step" schedule: multiply lr by step_gamma every N epochs
+    name: Optimizer = "adam"     # "adam" or "sgd" (RNNLIB: sgd, lr 1e-4, momentum 0.9, sum)
+    lr: float = positive(1e-3)
+    momentum: float = non_negative(0.9)      # sgd only
+    weight_decay: float = non_negative(0.0)
+    clip_norm: float = non_negative(0.0)     # global gradient-norm clipping; 0 = off
+    normalize: Normalize = "sequences"  # loss normalisation: "sum" (RNNLIB), "sequences", "frames"
+    schedule: Schedule = "constant"
+    warmup_steps: int = non_negative(0)
+    step_epochs: int = positive(10)  # "step" schedule: multiply lr by step_gamma every N epochs
     step_gamma: float = 0.5
-    min_lr: float = 0.0          # "cosine" schedule floor
+    min_lr: float = non_negative(0.0)        # "cosine" schedule floor
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = 10
-    batch_frames: int = 8000     # padded frames per (global) batch
-    seed: int = 1
-    input_noise: float = 0.0     # Gaussian noise std added to inputs (RNNLIB inputNoiseDev)
-    threads: int = 0             # worker threads; 0 = fill this rank's cores (cores / intra_threads)
-    intra_threads: int = 1       # torch intra-op threads per worker (one process-wide setting)
-    tasks_per_worker: int = 2    # micro-batches per worker per batch (load balance)
-    device: str = "auto"         # "auto", "cpu", "cuda", "cuda:N"
-    precision: str = "fp32"      # "fp32", "bf16", "fp16" (CUDA autocast; CTC stays fp32)
-    round_lengths: int = 0       # pad batches to a ladder of N lengths per doubling; 0 = off
+    epochs: int = positive(10)
+    batch_frames: int = positive(8000)       # padded frames per (global) batch
+    seed: int = non_negative(1)
+    input_noise: float = non_negative(0.0)   # Gaussian noise std added to inputs (RNNLIB inputNoiseDev)
+    threads: int = non_negative(0)   # worker threads; 0 = fill this rank's cores (cores / intra_threads)
+    intra_threads: int = positive(1)  # torch intra-op threads per worker (one process-wide setting)
+    tasks_per_worker: int = positive(2)      # micro-batches per worker per batch (load balance)
+    device: str = "auto"         # "auto", "cpu", "cuda", "cuda:N" (checked by check_device)
+    precision: Precision = "fp32"  # CUDA autocast (fp16 needs CUDA); CTC stays fp32
+    round_lengths: int = non_negative(0)  # pad batches to a ladder of N lengths per doubling; 0 = off
+    plan: PlanStrategy = "auto"  # epoch planner (rnntrain.data.plan): auto = sharded for manifests
     deterministic: bool = True   # CUDA: deterministic cuDNN kernels (CPU always is)
-    max_bad_steps: int = 5       # NaN/Inf steps in a row before the run stops
-    patience: int = 0            # stop after N validations without improvement; 0 = never
-    log_every: int = 20          # steps between metric lines
-    val_every_epochs: int = 1
+    max_bad_steps: int = positive(5)         # NaN/Inf steps in a row before the run stops
+    patience: int = non_negative(0)  # stop after N validations without improvement; 0 = never
+    log_every: int = positive(20)            # steps between metric lines
+    val_every_epochs: int = positive(1)
 
 
 @dataclass
 class CheckpointConfig:
-    every_steps: int = 0         # 0 = only at epoch ends
-    every_minutes: float = 10.0
-    keep_last: int = 2
+    every_steps: int = non_negative(0)       # 0 = only at epoch ends
+    every_minutes: float = non_negative(10.0)
+    keep_last: int = positive(2)
 
 
 @dataclass
 class DistConfig:
-    mode: str = "allreduce"      # "allreduce" or "master"
-    wire: str = "fp32"           # gradient wire format: "fp32", "bf16", "fp16"
-    timeout_s: float = 120.0     # a rank that does not arrive within this is reported dead
+    mode: ExchangeMode = "allreduce"
+    wire: Precision = "fp32"     # gradient wire format
+    timeout_s: float = positive(120.0)  # a rank that does not arrive within this is reported dead
 
 
 @dataclass
@@ -91,7 +114,7 @@ class RunConfig:
 @dataclass
 class LogConfig:
     tensorboard: bool = False    # also write TensorBoard event files to <run.dir>/tensorboard
-    progress: str = "auto"       # "bar" (tqdm), "lines" (a plain line every train.log_every
+    progress: Progress = "auto"  # "bar" (tqdm), "lines" (a plain line every train.log_every
     #                              steps) or "auto": bar on a terminal, lines otherwise
 
 
@@ -107,32 +130,29 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
 
 
-CHOICES = {
-    ("model", "cell"): ("lstm", "peephole"),
-    ("optim", "name"): ("adam", "sgd"),
-    ("optim", "normalize"): ("sum", "sequences", "frames"),
-    ("optim", "schedule"): ("constant", "cosine", "step"),
-    ("train", "precision"): ("fp32", "bf16", "fp16"),
-    ("dist", "mode"): ("allreduce", "master"),
-    ("dist", "wire"): ("fp32", "bf16", "fp16"),
-    ("log", "progress"): ("auto", "bar", "lines"),
-}
-POSITIVE = {("model", "layers"), ("model", "hidden"), ("model", "subsample"),
-            ("optim", "lr"), ("train", "epochs"), ("train", "batch_frames"),
-            ("train", "intra_threads"), ("train", "tasks_per_worker"), ("train", "log_every"),
-            ("train", "max_bad_steps"), ("train", "val_every_epochs"),
-            ("data", "chunk_frames"), ("dist", "timeout_s"), ("checkpoint", "keep_last"),
-            ("optim", "step_epochs")}
-NON_NEGATIVE = {("optim", "momentum"), ("optim", "weight_decay"), ("optim", "clip_norm"),
-                ("optim", "warmup_steps"), ("optim", "min_lr"), ("train", "input_noise"),
-                ("train", "threads"), ("train", "patience"), ("checkpoint", "every_steps"),
-                ("checkpoint", "every_minutes"), ("model", "dropout"), ("train", "seed"),
-                ("train", "round_lengths")}
-
-
 def section_names() -> set[str]:
     """The TOML tables of a config (the CLI tells ``--section.key value`` from options)."""
     return {f.name for f in fields(Config)}
+
+
+def choices(typ) -> tuple[str, ...] | None:
+    """The allowed values of a ``Literal`` type (None for other types)."""
+    return get_args(typ) if get_origin(typ) is Literal else None
+
+
+def check_choice(value, typ, key: str):
+    """``value`` must be one of the Literal ``typ``'s values: ConfigError listing them."""
+    allowed = choices(typ)
+    if value not in allowed:
+        raise ConfigError(f"{key} = {value!r}; choose one of {', '.join(allowed)}")
+    return value
+
+
+def check_device(name: str, key: str = "train.device") -> str:
+    """``auto`` | ``cpu`` | ``cuda`` | ``cuda:N``: ConfigError otherwise."""
+    if not (name in ("auto", "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit())):
+        raise ConfigError(f"{key} = {name!r}; choose auto, cpu, cuda or cuda:N")
+    return name
 
 
 def _valid_keys(obj) -> str:
@@ -141,6 +161,8 @@ def _valid_keys(obj) -> str:
 
 def _coerce(section: str, key: str, value: Any, typ) -> Any:
     name = f"{section}.{key}"
+    if choices(typ):  # a Literal: its values' type here, the value itself in validate
+        typ = type(choices(typ)[0])
     if typ is bool:
         if isinstance(value, bool):
             return value
@@ -187,23 +209,21 @@ def parse_override(text: str) -> tuple[str, str, Any]:
 
 
 def validate(cfg: Config):
-    for (sec, key), choices in CHOICES.items():
-        v = getattr(getattr(cfg, sec), key)
-        if v not in choices:
-            raise ConfigError(f"{sec}.{key} = {v!r}; choose one of {', '.join(choices)}")
-    for sec, key in POSITIVE:
-        v = getattr(getattr(cfg, sec), key)
-        if not v > 0:
-            raise ConfigError(f"{sec}.{key} = {v!r} must be > 0")
-    for sec, key in NON_NEGATIVE:
-        v = getattr(getattr(cfg, sec), key)
-        if not v >= 0:
-            raise ConfigError(f"{sec}.{key} = {v!r} must be >= 0")
-    if cfg.model.dropout >= 1:
-        raise ConfigError(f"model.dropout = {cfg.model.dropout} must be < 1")
-    dev = cfg.train.device
-    if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
-        raise ConfigError(f"train.device = {dev!r}; choose auto, cpu, cuda or cuda:N")
+    """Choices and limits of every field (read from the dataclasses), then cross-checks."""
+    for sec in fields(cfg):
+        section = getattr(cfg, sec.name)
+        hints = get_type_hints(type(section))
+        for f in fields(section):
+            key, v = f"{sec.name}.{f.name}", getattr(section, f.name)
+            if choices(hints[f.name]):
+                check_choice(v, hints[f.name], key)
+            if "gt" in f.metadata and not v > f.metadata["gt"]:
+                raise ConfigError(f"{key} = {v!r} must be > {f.metadata['gt']}")
+            if "ge" in f.metadata and not v >= f.metadata["ge"]:
+                raise ConfigError(f"{key} = {v!r} must be >= {f.metadata['ge']}")
+            if "lt" in f.metadata and not v < f.metadata["lt"]:
+                raise ConfigError(f"{key} = {v!r} must be < {f.metadata['lt']}")
+    check_device(cfg.train.device)
     if not cfg.data.train:
         raise ConfigError("data.train is not set (an RNNLIB .nc file or a manifest.json)")
 
@@ -238,18 +258,20 @@ def to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
 
 
+def toml_value(v) -> str:
+    """A Python bool, str, int or float as a TOML value."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):  # JSON's escapes are TOML's, but for DEL, which TOML escapes
+        return json.dumps(v, ensure_ascii=False).replace("\x7f", "\\u007f")
+    return repr(v)
+
+
 def to_toml(cfg: Config) -> str:
     """The resolved config as TOML (saved in the run folder)."""
     lines = []
     for sec, values in to_dict(cfg).items():
         lines.append(f"[{sec}]")
-        for k, v in values.items():
-            if isinstance(v, bool):
-                s = "true" if v else "false"
-            elif isinstance(v, str):
-                s = '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-            else:
-                s = repr(v)
-            lines.append(f"{k} = {s}")
+        lines += [f"{k} = {toml_value(v)}" for k, v in values.items()]
         lines.append("")
     return "\n".join(lines)

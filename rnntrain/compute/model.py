@@ -9,14 +9,12 @@ does not depend on which worker thread ran the task.
 """
 from __future__ import annotations
 
-import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
-
-from rnntrain.data.dataset import min_frames  # noqa: F401  (torch-free; re-exported)
 
 
 def stack_frames(x: torch.Tensor, lengths: torch.Tensor, k: int):
@@ -51,7 +49,7 @@ def lstm_padded(rnn: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor) -> torch.T
 
     On the CPU, PackedSequence input of unequal lengths falls back to a per-time-step
     implementation whose backward allocates and zero-fills a whole-input gradient at every
-    step (O(T^2): measured 20x slower on a 3x256 BLSTM); padded input takes the fused
+    step (O(T^2); docs/threads.md, "The CPU LSTM path"); padded input takes the fused
     oneDNN kernel. The forward direction is exact on padded input (padding comes after the
     frames); the backward direction runs on each sequence reversed within its length.
     x: (T, N, F) zero-padded, lengths: (N,) → (T, N, D*H), zero at padding.
@@ -149,7 +147,7 @@ def ctc_loss_sum(log_probs: torch.Tensor, out_lengths: torch.Tensor, targets: li
     """Summed CTC loss (nats) over the batch, computed in fp32.
 
     log_probs: (T', N, C); out_lengths: (N,); targets: N int sequences (infeasible ones
-    must have been filtered: see ``min_frames``).
+    must have been filtered: see ``rnntrain.data.dataset.min_frames``).
     """
     tl = torch.tensor([len(t) for t in targets], dtype=torch.long)
     flat = torch.cat([torch.as_tensor(t, dtype=torch.long) for t in targets]) if int(tl.sum()) \
@@ -168,5 +166,15 @@ def init_uniform(model: nn.Module, scale: float = 0.1, generator=None):
             p.uniform_(-scale, scale, generator=generator)
 
 
-def default_init_scale(hidden: int) -> float:
-    return 1.0 / math.sqrt(hidden)
+def flatten_params(params) -> np.ndarray:
+    """The parameters as one float32 host vector (a copy), in ``params`` order."""
+    return torch.cat([p.detach().reshape(-1).float().cpu() for p in params]).numpy()
+
+
+def unflatten_params(vec: np.ndarray, params):
+    """Copy a vector made by ``flatten_params`` back into ``params`` (on their device)."""
+    off = 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(torch.from_numpy(vec[off: off + p.numel()]).view_as(p))
+            off += p.numel()

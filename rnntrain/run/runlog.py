@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from rnntrain.errors import UserError
+from rnntrain.fsutil import atomic_write
 
 
 def default_run_dir(config_path: str | None, overrides: list[str], resolved_toml: str) -> Path:
@@ -58,9 +59,7 @@ class RunLog:
 
     def write_text(self, name: str, text: str):
         if self.folder:
-            tmp = self.folder / f".{name}.tmp"
-            tmp.write_text(text)
-            os.replace(tmp, self.folder / name)
+            atomic_write(self.folder / name, text)
 
     def set_status(self, status: str, resumed: bool = False, **fields):
         """Write status.json: running | finished | stopped | failed, plus ``fields``.

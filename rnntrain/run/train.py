@@ -27,10 +27,10 @@ from rnntrain.errors import UserError
 from rnntrain.run.evaluate import evaluate
 from rnntrain.parallel.exchange import Exchange
 from rnntrain.run.faults import BadSteps, StopFlag, pause_point, resume_hint
-from rnntrain.data.manifest import remainder_note
-from rnntrain.compute.model import build_model, count_params, init_uniform
+from rnntrain.compute.model import (build_model, count_params, flatten_params, init_uniform,
+                                    unflatten_params)
 from rnntrain.compute.optim import build_optimizer, lr_factor, set_lr
-from rnntrain.data.plan import chunk_order, make_plan, padding_ratio
+from rnntrain.data.plan import chunk_order, make_plan, padding_ratio, remainder_note
 from rnntrain.tools.report import per_rank_split
 from rnntrain.data.reader import ChunkReader
 from rnntrain.run.runlog import RunLog, default_run_dir
@@ -73,7 +73,7 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
         torch.use_deterministic_algorithms(True, warn_only=True)
     # one worker feeds a GPU (its own stream); on CPU the rank's share of the cores
     workers = (tc.threads or 1) if device.type == "cuda" else \
-        default_threads(tc.threads, tc.intra_threads, comm.local_size)[0]
+        default_threads(tc.threads, tc.intra_threads, comm.local_size)
 
     # ---- data: metadata now, frames later on the reader thread
     train_ds = Dataset.open(cfg.data.train, cfg.data.chunk_frames)
@@ -128,9 +128,9 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     bad = BadSteps(state, tc.max_bad_steps, device)
 
     plan0 = make_plan(train_ds, keep, tc.batch_frames, tc.seed, 0, rank, comm.size,
-                      round_lengths=tc.round_lengths)
+                      round_lengths=tc.round_lengths, strategy=tc.plan)
     comm.check_same(len(plan0), "steps per epoch")
-    if note := remainder_note(train_ds, keep, comm.size):
+    if note := remainder_note(train_ds, keep, comm.size, tc.plan, tc.batch_frames, tc.seed):
         log.info(note)
     total_steps = len(plan0) * tc.epochs
     log.info(f"rnntrain: {count_params(model):,} parameters, {train_ds.num_seqs} train sequences "
@@ -152,7 +152,7 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     try:
         for epoch in range(state["epoch"], tc.epochs):
             plan = make_plan(train_ds, keep, tc.batch_frames, tc.seed, epoch, rank, comm.size,
-                             round_lengths=tc.round_lengths)
+                             round_lengths=tc.round_lengths, strategy=tc.plan)
             start = state["pos"]
             reader = ChunkReader(train_ds.load_chunk, chunk_order(plan[start:]))
             bar = tqdm(total=len(plan), initial=start, desc=f"epoch {epoch + 1}/{tc.epochs}",
@@ -320,9 +320,9 @@ def load_best(log: RunLog, model, comm):
         model.load_state_dict(ckpt.load(log.checkpoints / "best.pt")["model"])
     if comm.size > 1:
         params = list(model.parameters())
-        vec = torch.nn.utils.parameters_to_vector(params).detach().cpu().numpy().copy()
+        vec = flatten_params(params)
         comm.bcast_(vec, 0, what="best-checkpoint broadcast")
-        torch.nn.utils.vector_to_parameters(torch.from_numpy(vec).to(params[0].device), params)
+        unflatten_params(vec, params)
 
 
 def save(log: RunLog, cfg, model, opt, state, ds, name: str):

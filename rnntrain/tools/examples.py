@@ -6,11 +6,11 @@ installed rnntrain can write one out wherever the user works.
 """
 from __future__ import annotations
 
-import os
 from importlib import resources
 from pathlib import Path
 
 from rnntrain.errors import UserError
+from rnntrain.fsutil import atomic_write
 
 # how to make the data each example reads (paths relative to where the user runs it)
 DATA_HINTS = {
@@ -53,12 +53,9 @@ def write_example(name: str, out: str | None, force: bool, list_only: bool) -> i
                         f"another file")
     if not path.parent.is_dir():
         raise UserError(f"--out {path}: its folder does not exist")
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        tmp.write_text(ex[name], encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write(path, ex[name])
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise UserError(f"cannot write {path} ({e.strerror})") from None
     print(f"wrote {path} (example {name!r})")
     hints = DATA_HINTS.get(name)
