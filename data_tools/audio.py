@@ -43,7 +43,8 @@ class Entry:
     where: str | None = None   # names the entry in errors (default: "LIST line N")
     start: float = 0.0         # seconds: a segment of the file (Kaldi segments)
     end: float | None = None   # seconds; None = to the end of the file
-    cut: object = None         # a Lhotse cut: its audio comes from cut.load_audio()
+    load: object = None        # () -> (rate, mono signal): audio not in a file (Lhotse)
+    rate: int | None = None    # the sample rate, when known without reading (Lhotse)
 
 
 def read_list(list_path) -> list[Entry]:
@@ -170,9 +171,8 @@ class AudioSource:
         return feat.compute(self.signal(path), self.cfg, self.fb)
 
     def entry_features(self, e: Entry) -> np.ndarray:
-        if e.cut is not None:
-            from .kaldi import cut_signal
-            rate, x = cut_signal(e.cut)
+        if e.load is not None:
+            rate, x = e.load()
         else:
             rate, x = read_audio(str(e.path), e.start, e.end)
         return feat.compute(self.resample(rate, x), self.cfg, self.fb)
@@ -367,8 +367,10 @@ def feature_config(kind: str | None, rate: int | None, mels: int | None, stats_p
     if rate is None:  # the first utterance's rate; its errors name it like any other's
         first = first or read_list(list_path)[0]
         try:
-            if first.cut is not None:
-                rate = int(first.cut.sampling_rate)
+            if first.rate is not None:
+                rate = first.rate
+            elif first.load is not None:
+                rate = first.load()[0]
             else:
                 rate = read_audio(str(first.path), first.start, first.end)[0]
         except UserError as err:

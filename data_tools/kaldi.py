@@ -19,6 +19,7 @@ utterance with audio but no transcript is left out and counted.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -173,7 +174,8 @@ def lhotse_entries(cuts_path, units: str = "words") -> tuple[list[Entry], str]:
                             f"rnntrain-data computes its own features)")
         text = " ".join(s.text or "" for s in sorted(cut.supervisions, key=lambda s: s.start))
         entries.append(Entry(i, p, tokens(text.split(), units), tag=cut.id, where=where,
-                             cut=cut))
+                             load=functools.partial(cut_signal, cut),
+                             rate=int(cut.sampling_rate)))
     return entries, f"{len(entries)} cuts"
 
 
