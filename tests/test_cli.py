@@ -225,13 +225,14 @@ def test_data_commands_do_not_import_torch(synth_pair, tmp_path):
 
 def test_finished_note_names_what_to_raise():
     from rnntrain.config import TrainConfig
+    from rnntrain.run.state import TrainState
     from rnntrain.run.train import finished_note
     tc = TrainConfig(epochs=3, patience=2)
     over = ["train.epochs=3", "model.hidden=8"]
-    note = finished_note({"epoch": 3, "since_best": 0}, tc, "c.toml", over, "runs/x")
+    note = finished_note(TrainState(epoch=3, since_best=0), tc, "c.toml", over, "runs/x")
     assert note.startswith("run runs/x is finished: 3 of train.epochs=3 epochs done")
     assert note.endswith("rnntrain train c.toml model.hidden=8 run.dir=runs/x --resume "
                          "train.epochs=6")
-    note = finished_note({"epoch": 1, "since_best": 2}, tc, None, over, "runs/x")
+    note = finished_note(TrainState(epoch=1, since_best=2), tc, None, over, "runs/x")
     assert "stopped early after 2 validations" in note and note.endswith("train.patience=0")
-    assert finished_note({"epoch": 1, "since_best": 1}, tc, None, over, "runs/x") is None
+    assert finished_note(TrainState(epoch=1, since_best=1), tc, None, over, "runs/x") is None
