@@ -31,14 +31,15 @@ HERE = Path(__file__).resolve().parent
 # user cares about), then the throughput sections within 15 minutes
 SECTIONS = [
     ("accuracy", "Time to accuracy", 1800),
-    ("plain_loop", "rnntrain vs a plain PyTorch loop", 330),
-    ("flops", "Useful-FLOP rate and memory", 150),
+    ("plain_loop", "rnntrain vs a plain PyTorch loop", 310),
+    ("flops", "Useful-FLOP rate and memory", 130),
     ("threads", "Thread scaling", 80),
     ("ranks", "MPI rank scaling", 150),
     ("reader", "Reader throughput and data wait", 120),
     ("stragglers", "Stragglers and load balance", 15),
     ("gpu", "GPU", 15),
     ("checkpoint", "Checkpoint", 40),
+    ("decode", "Decoding and edit distance", 40),
 ]
 TOTAL_BUDGET_S = 45 * 60
 NOT_SECTIONS = {"__init__", "__main__", "workloads"}

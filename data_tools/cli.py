@@ -116,6 +116,18 @@ def _rnnlib_config(a):
     print(toml, end="")
 
 
+def _ngram(a):
+    from .ngram import build, sentences, write_arpa
+    import os
+    if not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
+        raise UserError(f"--out {a.out}: its folder does not exist")
+    sents = sentences(a.text, chars=a.chars, space_token=a.space_token)
+    ng = build(sents, a.order, a.smoothing, a.discount_fallback)
+    write_arpa(ng, a.out)
+    sizes = ", ".join(f"{len(ng[k])} {k}-grams" for k in sorted(ng))
+    print(f"wrote {a.out}: {a.smoothing} {a.order}-gram model from {len(sents)} lines ({sizes})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="rnntrain-data", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"rnntrain-data {version()}")
@@ -201,6 +213,21 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--test", type=positive_int, default=15, help="held-out recordings")
     y.add_argument("--val", type=positive_int, default=5, help="validation recordings (from the rest)")
     y.set_defaults(fn=_yesno_lists)
+    n = sub.add_parser("ngram", help="a smoothed n-gram language model (ARPA) from text",
+                       description="One sentence per line. Modified Kneser-Ney (default) or "
+                       "Witten-Bell, interpolated, written in back-off (ARPA) form.")
+    n.add_argument("text", help="text file, one sentence per line")
+    n.add_argument("--order", type=int, default=3)
+    n.add_argument("--out", required=True, help="the ARPA file to write")
+    n.add_argument("--smoothing", choices=("kn", "wb"), default="kn",
+                   help="kn: modified Kneser-Ney (default); wb: Witten-Bell")
+    n.add_argument("--chars", action="store_true", help="every character is a token (a "
+                   "label-level model for character alphabets); default: words")
+    n.add_argument("--space-token", default="<space>", help="with --chars: the token a space "
+                   "becomes (the name of the alphabet's word-separator label)")
+    n.add_argument("--discount-fallback", action="store_true", help="kn on a text too small "
+                   "to estimate the discounts: use 0.5, 1, 1.5 (as KenLM's lmplz)")
+    n.set_defaults(fn=_ngram)
     r = sub.add_parser("rnnlib-config", help="convert an RNNLIB config file to rnntrain TOML "
                        "(stdout; warnings on stderr)")
     r.add_argument("config", help="RNNLIB config file ('name value' lines)")

@@ -1,4 +1,4 @@
-"""``rnntrain`` command line: train, eval, decode, runs, sweep, report, init.
+"""``rnntrain`` command line: train, eval, decode, tune-decoder, runs, sweep, report, init.
 
 User mistakes (UserError, a ValueError) print one line and exit 2, without a traceback.
 """
@@ -50,20 +50,32 @@ def _load_for_eval(checkpoint: str, data: str, device: str):
     return cfg, ds, model, dev
 
 
+def _decoding(args, ds, model):
+    """The decoder the options ask for (or None), the separator's index, thread count."""
+    from rnntrain.decode.options import decode_threads, decoder_from_args, space_index
+    return (decoder_from_args(args, ds.labels, model.blank), space_index(args, ds.labels),
+            decode_threads(args))
+
+
 def _cmd_eval(args) -> int:
     from rnntrain.run.evaluate import evaluate
     cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device)
+    decoder, space, threads = _decoding(args, ds, model)
     keep = ds.feasible(cfg.model.subsample)
     counts = evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev,
-                      beam=args.beam)
+                      decoder=decoder, space=space, threads=threads)
     out = {k: c.summary() for k, c in counts.items()}
-    if args.json:  # one schema with and without --beam
+    if decoder is not None:
+        out["beam"]["decoder"] = decoder.describe()
+    if args.json:  # one schema whether or not a beam search ran
         # the best-path figures at the top level (as before), the beam's under "beam"
-        print(json.dumps({**out["best"], "beam": out.get("beam"), "beam_width": args.beam}))
+        print(json.dumps({**out["best"], "beam": out.get("beam"),
+                          "beam_width": decoder.beam if decoder is not None else 0}))
     else:
         for k, s in out.items():
-            name = "best path" if k == "best" else f"beam {args.beam}"
-            print(f"{name:>10}: LER {s['ler']:.4f} (sub {s['sub']:.4f}, del {s['del']:.4f}, "
+            name = "best path" if k == "best" else decoder.describe()
+            wer = f"WER {s['wer']:.4f}, " if "wer" in s else ""
+            print(f"{name:>10}: {wer}LER {s['ler']:.4f} (sub {s['sub']:.4f}, del {s['del']:.4f}, "
                   f"ins {s['ins']:.4f}), sequence error {s['seq_error']:.4f}, CTC loss "
                   f"{s['loss']:.4f}, {s['seqs']} sequences, {s['skipped']} skipped")
     return 0
@@ -74,9 +86,11 @@ def _cmd_decode(args) -> int:
         raise UserError(f"--out {args.out}: its folder does not exist")  # before decoding
     from rnntrain.run.evaluate import evaluate
     cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device)
+    decoder, space, threads = _decoding(args, ds, model)
     keep = ds.feasible(cfg.model.subsample)
     hyps: dict[int, list[int]] = {}
-    evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev, beam=args.beam,
+    evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev,
+             decoder=decoder, space=space, threads=threads,
              on_hyp=lambda s, h: hyps.__setitem__(s, h))
     lines = []
     for i in range(ds.num_seqs):
@@ -91,6 +105,12 @@ def _cmd_decode(args) -> int:
     except OSError as e:
         raise UserError(f"cannot write {args.out} ({e.strerror})") from None
     return 0
+
+
+def _cmd_tune_decoder(args) -> int:
+    from rnntrain.run.tune import tune_decoder
+    cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device)
+    return tune_decoder(args, cfg, ds, model, dev)
 
 
 def _cmd_runs(args) -> int:
@@ -118,6 +138,7 @@ def _cmd_init(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from rnntrain.decode.options import add_decoder_arguments
     p = Parser(prog="rnntrain", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"rnntrain {version()}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
@@ -145,17 +166,31 @@ def build_parser() -> argparse.ArgumentParser:
         e = sub.add_parser(name, help=hlp, description=hlp[0].upper() + hlp[1:] + ".")
         e.add_argument("checkpoint", help="a .pt checkpoint written by rnntrain train")
         e.add_argument("data", help=".nc file or dataset manifest")
-        e.add_argument("--beam", type=non_negative_int, default=0,
-                       help="prefix beam search width (0 = off: best path only)")
         e.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
         e.add_argument("--batch-frames", type=non_negative_int, default=0,
                        help="padded frames per batch (0 = the checkpoint's train.batch_frames)")
+        add_decoder_arguments(e)
         if name == "eval":
             e.add_argument("--json", action="store_true", help="print one JSON object: "
                            "the best-path figures, \"beam\" (the same figures for "
                            "--beam, else null) and \"beam_width\"")
         else:
             e.add_argument("--out", help="write here instead of stdout")
+    u = sub.add_parser("tune-decoder", help="search LM weight and word bonus on a "
+                       "validation set", description="Runs the network once over DATA, then "
+                       "decodes it for every LM weight x word bonus in the grid; prints the "
+                       "table (WER with --space, else LER) and the best pair.")
+    u.add_argument("checkpoint", help="a .pt checkpoint written by rnntrain train")
+    u.add_argument("data", help="validation .nc file or dataset manifest")
+    u.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    u.add_argument("--batch-frames", type=non_negative_int, default=0,
+                   help="padded frames per batch (0 = the checkpoint's train.batch_frames)")
+    add_decoder_arguments(u)
+    u.add_argument("--lm-weights", default="0,0.25,0.5,0.75,1,1.5,2",
+                   help="comma-separated LM weights to try")
+    u.add_argument("--word-bonuses", default="-1,0,1,2",
+                   help="comma-separated word bonuses to try")
+    u.add_argument("--json", action="store_true", help="print the table as JSON")
     r = sub.add_parser("runs", help="list run folders: status, epochs, best LER, speed")
     r.add_argument("dir", nargs="?", default="runs", help="folder to search")
     r.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -201,8 +236,9 @@ def _prepare(argv: list[str]) -> tuple[list[str], list[str], str | None]:
     return head + rest, overrides, resume
 
 
-HANDLERS = {"train": _cmd_train, "eval": _cmd_eval, "decode": _cmd_decode, "runs": _cmd_runs,
-            "sweep": _cmd_sweep, "report": _cmd_report, "init": _cmd_init}
+HANDLERS = {"train": _cmd_train, "eval": _cmd_eval, "decode": _cmd_decode,
+            "tune-decoder": _cmd_tune_decoder, "runs": _cmd_runs, "sweep": _cmd_sweep,
+            "report": _cmd_report, "init": _cmd_init}
 
 
 def main(argv=None) -> int:
