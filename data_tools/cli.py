@@ -217,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="One sentence per line. Modified Kneser-Ney (default) or "
                        "Witten-Bell, interpolated, written in back-off (ARPA) form.")
     n.add_argument("text", help="text file, one sentence per line")
-    n.add_argument("--order", type=int, default=3)
+    n.add_argument("--order", type=positive_int, default=3, help="n-gram order")
     n.add_argument("--out", required=True, help="the ARPA file to write")
     n.add_argument("--smoothing", choices=("kn", "wb"), default="kn",
                    help="kn: modified Kneser-Ney (default); wb: Witten-Bell")

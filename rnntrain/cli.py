@@ -68,8 +68,9 @@ def _cmd_eval(args) -> int:
     if decoder is not None:
         out["beam"]["decoder"] = decoder.describe()
     if args.json:  # one schema whether or not a beam search ran
-        # the best-path figures at the top level (as before), the beam's under "beam"
-        print(json.dumps({**out["best"], "beam": out.get("beam"),
+        # "best" and "beam" (null without a beam search) always; the best-path figures
+        # also at the top level, where scripts written before the beam search read them
+        print(json.dumps({**out["best"], "best": out["best"], "beam": out.get("beam"),
                           "beam_width": decoder.beam if decoder is not None else 0}))
     else:
         for k, s in out.items():
@@ -172,8 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
         add_decoder_arguments(e)
         if name == "eval":
             e.add_argument("--json", action="store_true", help="print one JSON object: "
-                           "the best-path figures, \"beam\" (the same figures for "
-                           "--beam, else null) and \"beam_width\"")
+                           "\"best\" (best path; its figures also at the top level), "
+                           "\"beam\" (the beam search's, else null) and \"beam_width\"")
         else:
             e.add_argument("--out", help="write here instead of stdout")
     u = sub.add_parser("tune-decoder", help="search LM weight and word bonus on a "

@@ -172,8 +172,9 @@ def test_eval_json_schema_and_closed_pipe_and_no_weights_only_advice(tiny, tmp_p
     beam = run_cli("rnntrain", "eval", ck, d / "va.nc", "--json", "--beam", "3")
     a, b = json.loads(plain.stdout), json.loads(beam.stdout)
     assert a.keys() == b.keys() and a["beam"] is None and a["beam_width"] == 0
-    assert b["beam"].keys() == {k: v for k, v in b.items() if k not in ("beam", "beam_width")}.keys()
-    assert b["beam_width"] == 3 and a["ler"] == b["ler"]
+    assert a["best"] == {k: v for k, v in a.items() if k not in ("best", "beam", "beam_width")}
+    assert b["beam"].keys() - {"decoder"} == b["best"].keys()
+    assert b["beam_width"] == 3 and a["ler"] == b["ler"] == b["best"]["ler"]
     # `decode ... | head`: the reader goes away before we write
     p = subprocess.Popen([sys.executable, "-m", "rnntrain", "decode", str(ck), str(d / "tr.nc")],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
