@@ -37,14 +37,21 @@ def _load_for_eval(checkpoint: str, data: str, device: str):
     from rnntrain.run import checkpoint as ckpt
     from rnntrain.config import config_from_dict
     from rnntrain.data.dataset import Dataset, check_fits
+    from rnntrain.errors import DataError
     from rnntrain.compute.model import build_model
     from rnntrain.compute.device import pick_device
     ck = ckpt.load(checkpoint)
     cfg = config_from_dict(ck["config"])
     ds = Dataset.open(data, cfg.data.chunk_frames)
     check_fits(ds, ck["labels"], ck["input_size"], "the checkpoint's")
+    height = ck.get("image_height", 0)
+    if ds.is_2d:
+        ds.set_pad_height(height or 1, f"checkpoint {checkpoint}")
+    if (ds.column_height or ds.is_2d) and ds.frame_height != height:
+        raise DataError(data, f"image height {ds.frame_height} differs from the "
+                              f"checkpoint's ({height})")
     dev = pick_device(device)
-    model = build_model(cfg.model, ck["input_size"], len(ck["labels"]))
+    model = build_model(cfg.model, ds.frame_size, len(ck["labels"]), max(height, 1))
     model.load_state_dict(ck["model"])
     model.to(dev)
     return cfg, ds, model, dev
@@ -58,10 +65,11 @@ def _decoding(args, ds, model):
 
 
 def _cmd_eval(args) -> int:
+    from rnntrain.compute.model import total_subsample
     from rnntrain.run.evaluate import evaluate
     cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device)
     decoder, space, threads = _decoding(args, ds, model)
-    keep = ds.feasible(cfg.model.subsample)
+    keep = ds.feasible(total_subsample(cfg.model))
     counts = evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev,
                       decoder=decoder, space=space, threads=threads)
     out = {k: c.summary() for k, c in counts.items()}
@@ -85,10 +93,11 @@ def _cmd_eval(args) -> int:
 def _cmd_decode(args) -> int:
     if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         raise UserError(f"--out {args.out}: its folder does not exist")  # before decoding
+    from rnntrain.compute.model import total_subsample
     from rnntrain.run.evaluate import evaluate
     cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device)
     decoder, space, threads = _decoding(args, ds, model)
-    keep = ds.feasible(cfg.model.subsample)
+    keep = ds.feasible(total_subsample(cfg.model))
     hyps: dict[int, list[int]] = {}
     evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev,
              decoder=decoder, space=space, threads=threads,

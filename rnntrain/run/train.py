@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from rnntrain.compute.device import autocast_dtype, host_every, pick_device
-from rnntrain.compute.model import build_model, count_params, init_uniform
+from rnntrain.compute.model import build_model, count_params, init_uniform, total_subsample
 from rnntrain.compute.optim import build_optimizer
 from rnntrain.compute.pool import default_threads, intra_threads
 from rnntrain.config import Config, to_dict, to_toml
@@ -93,7 +93,8 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
 
     # ---- model, optimizer, plan size and the step's machinery (same weights everywhere)
     torch.manual_seed(tc.seed)
-    model = build_model(cfg.model, train_ds.input_size, train_ds.num_labels)
+    model = build_model(cfg.model, train_ds.frame_size, train_ds.num_labels,
+                        train_ds.frame_height)
     if cfg.model.cell == "peephole":
         init_uniform(model, 0.1)
     model.to(device).train()
@@ -202,8 +203,9 @@ def open_data(cfg: Config):
     val_ds = Dataset.open(cfg.data.val, cfg.data.chunk_frames) if cfg.data.val else None
     if val_ds is not None:
         check_compatible(train_ds, val_ds, "training data")
-    keep = train_ds.feasible(cfg.model.subsample)
-    val_keep = val_ds.feasible(cfg.model.subsample) if val_ds is not None else None
+    sub = total_subsample(cfg.model)  # frame stacking x the conv front end's width pooling
+    keep = train_ds.feasible(sub)
+    val_keep = val_ds.feasible(sub) if val_ds is not None else None
     return train_ds, keep, val_ds, val_keep
 
 
@@ -245,7 +247,7 @@ def test_best(log: RunLog, model, train_ds, cfg: Config, device, comm, workers: 
     check_compatible(train_ds, test_ds, "training data")
     load_best(log, model, comm)
     with intra_threads(workers * tc.intra_threads):
-        summ = evaluate(model, test_ds, test_ds.feasible(cfg.model.subsample),
+        summ = evaluate(model, test_ds, test_ds.feasible(total_subsample(cfg.model)),
                         tc.batch_frames, device, comm)["best"].summary()
     log.metrics(split="test", epoch=state.epoch - 1, step=state.step, **summ)
     log.info(f"test ({cfg.data.test}, best checkpoint): LER {summ['ler']:.4f} (sub "
