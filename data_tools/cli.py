@@ -285,12 +285,13 @@ def build_parser() -> argparse.ArgumentParser:
                                          "test sets: the training set's)")
     m.add_argument("--alphabet", choices=("ascii",), help="with --chars: a fixed alphabet, "
                    "ascii = the space and the 94 printable ASCII characters in code order")
-    m.add_argument("--format", choices=FORMATS, default="NETCDF3_64BIT_OFFSET")
+    m.add_argument("--format", choices=FORMATS, default="NETCDF3_64BIT_OFFSET",
+                   help="NetCDF file format")
     m.set_defaults(fn=_images)
     rl = sub.add_parser("render-lines", help="render synthetic printed text lines "
                         "(matplotlib's fonts, Faker's text) + LIST.tsv")
     rl.add_argument("--out", required=True, help="output folder (img/, list.tsv)")
-    rl.add_argument("--count", type=int, default=1000)
+    rl.add_argument("--count", type=positive_int, default=1000, help="lines to render")
     rl.add_argument("--fonts", default="DejaVuSans,DejaVuSerif,DejaVuSansMono",
                     help="font file stems from matplotlib's fonts or .ttf paths, comma-separated")
     rl.add_argument("--sizes", default="18-28", help="font sizes in pixels, A-B")
@@ -299,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--noise", type=float, default=8.0, help="max noise std (grey levels)")
     rl.add_argument("--max-chars", type=int, default=40, help="longest line in characters")
     rl.add_argument("--text", help="take lines from this UTF-8 text file instead of Faker")
-    rl.add_argument("--seed", type=int, default=1)
+    rl.add_argument("--seed", type=non_negative_int, default=1, help="random seed")
     rl.set_defaults(fn=_render_lines)
     r = sub.add_parser("rnnlib-config", help="convert an RNNLIB config file to rnntrain TOML "
                        "(stdout; warnings on stderr)")

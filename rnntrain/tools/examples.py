@@ -18,6 +18,8 @@ DATA_HINTS = {
                 "rnntrain-data synth data/synth_val.nc --seqs 200 --seed 2"],
     "fsdd_digits": ["see recipes/fsdd_digits.sh in the rnntrain repository (FSDD recordings "
                     "→ data/fsdd/*.nc)"],
+    "printed_lines": ["see recipes/printed_lines.sh in the rnntrain repository (rendered "
+                      "text lines → data/printed_lines/*.nc)"],
     "yesno": ["see recipes/yesno.sh in the rnntrain repository (YesNo recordings → "
               "data/yesno/*.nc)"],
 }
