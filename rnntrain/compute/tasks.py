@@ -140,11 +140,15 @@ def cost_model_for(model, precision: str = "fp32") -> CostModel:
     this model's per-input-frame work."""
     rnn = model.rnns[0]
     dirs = 2 if rnn.bidirectional else 1
-    flops = training_flops_per_frame(model.input_size * model.subsample, rnn.hidden_size,
+    rnn_in = getattr(model, "rnn_input_size", model.input_size)
+    flops = training_flops_per_frame(rnn_in * model.subsample, rnn.hidden_size,
                                      len(model.rnns), dirs == 2, model.num_classes)
+    k = getattr(model, "total_subsample", model.subsample)
+    flops = flops / k
+    if getattr(model, "frontend", None) is not None:
+        flops += model.frontend.flops_per_column()
     params = sum(p.numel() for p in model.parameters())
-    return CostModel.for_model(flops / model.subsample, params, len(model.rnns) * dirs,
-                               precision, model.subsample)
+    return CostModel.for_model(flops, params, len(model.rnns) * dirs, precision, k)
 
 
 class FlatGrad:

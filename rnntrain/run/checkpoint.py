@@ -54,14 +54,28 @@ def load(path) -> dict:
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, not a torch file, or holds code objects
-        raise UserError(f"{path}: not a readable checkpoint ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0][:200]})") from None
+        raise UserError(f"{path}: not a readable checkpoint ({load_error(e)})") from None
     if not isinstance(ck, dict) or "format" not in ck:
         raise UserError(f"{path}: not an rnntrain checkpoint")
     if ck["format"] != FORMAT_VERSION:
         raise UserError(f"{path}: checkpoint format {ck['format']}, this rnntrain reads "
                         f"format {FORMAT_VERSION}")
     return ck
+
+
+def load_error(e: Exception) -> str:
+    """Why torch.load failed, in a few words. torch's own message for a file holding Python
+    objects advises ``weights_only=False``, i.e. running the file's code: never repeat that
+    to a user who may have been sent the file."""
+    text = str(e)
+    if "Weights only load failed" in text or "weights_only" in text:
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text) or \
+            re.search(r"Unsupported operand (\d+)", text)
+        what = f" ({found.group(1)})" if found else ""
+        return (f"it holds Python objects{what} besides tensors and plain values; refused, "
+                f"since loading them could run code")
+    first = text.splitlines()[0][:200] if text else ""
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
 _STEP = re.compile(r"step-(\d+)\.pt$")
@@ -95,7 +109,10 @@ def save_training(folder: Path | None, name: str, cfg, model, opt, state: dict, 
     from rnntrain.config import to_dict
     save_atomic({"format": FORMAT_VERSION, "model": model.state_dict(),
                  "optim": opt.state_dict(), "state": dict(state), "config": to_dict(cfg),
-                 "labels": list(ds.labels), "input_size": ds.input_size},
+                 "labels": list(ds.labels), "input_size": ds.input_size,
+                 "image_height": ds.frame_height if ds.is_2d or ds.column_height else 0,
+                 # the image converter's settings (rnntrain-data images), for inference
+                 "image_frontend": getattr(ds, "image_frontend", "")},
                 Path(folder) / name)
     if name.startswith("step-"):
         prune(folder, keep_last)
@@ -129,6 +146,10 @@ def resume_candidates(folder: Path) -> tuple[list[Path], list[tuple[Path, str]]]
 def check_matches(ck: dict, path, ds, model_cfg: dict):
     """The checkpoint must fit the data (inputPattSize, alphabet) and the model config."""
     check_fits(ds, ck.get("labels") or [], ck.get("input_size"), f"checkpoint {path}")
+    have = ds.frame_height if ds.is_2d or ds.column_height else 0
+    if ck.get("image_height", 0) != have:
+        raise UserError(f"{path}: checkpoint's image height {ck.get('image_height', 0)} "
+                        f"differs from {ds.source} ({have})")
     if ck.get("config", {}).get("model") != model_cfg:
         diff = {k: (ck.get("config", {}).get("model", {}).get(k), v)
                 for k, v in model_cfg.items()
