@@ -75,7 +75,7 @@ class StopFlag:
 def resume_hint(config_path, overrides, run_dir) -> str:
     """The command line that continues a stopped run."""
     keep = [o for o in overrides if not o.lstrip("-").startswith("run.dir=")]
-    return " ".join(["rnntrain train", str(config_path or "CONFIG"), *keep,
+    return " ".join(["rnntrain train", *([str(config_path)] if config_path else []), *keep,
                      f"run.dir={run_dir}", "--resume"])
 
 

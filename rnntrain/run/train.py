@@ -27,7 +27,7 @@ from rnntrain.data.dataset import Dataset, check_compatible
 from rnntrain.data.plan import make_plan, padding_ratio, remainder_note
 from rnntrain.errors import UserError
 from rnntrain.parallel import collectives
-from rnntrain.parallel import mpi as dist
+from rnntrain.parallel import launch as dist
 from rnntrain.run import checkpoint as ckpt
 from rnntrain.run import trace
 from rnntrain.run.evaluate import evaluate
@@ -38,6 +38,21 @@ from rnntrain.run.state import TrainState
 from rnntrain.run.step import EpochFeed, StepRunner
 
 
+def finished_note(state: TrainState, tc, config_path, overrides, run_dir) -> str | None:
+    """Why a resumed run has nothing left to do (and how to train it further), or None."""
+    hint = resume_hint(config_path, [o for o in overrides if not o.lstrip("-").startswith(
+        ("train.epochs=", "train.patience="))], run_dir)
+    if state.epoch >= tc.epochs:
+        return (f"run {run_dir} is finished: {state.epoch} of train.epochs={tc.epochs} "
+                f"epochs done; to train more, raise train.epochs: {hint} "
+                f"train.epochs={state.epoch + tc.epochs}")
+    if tc.patience and state.since_best >= tc.patience:
+        return (f"run {run_dir} is finished: stopped early after {state.since_best} "
+                f"validations without improvement (train.patience={tc.patience}); to train "
+                f"more, raise train.patience (0 = never stop early): {hint} train.patience=0")
+    return None
+
+
 def describe_skipped(ds: Dataset, keep: np.ndarray, what: str) -> str:
     bad = np.flatnonzero(~keep)
     tags = ", ".join(ds.tag(int(i)) for i in bad[:8]) + (" ..." if len(bad) > 8 else "")
@@ -46,7 +61,7 @@ def describe_skipped(ds: Dataset, keep: np.ndarray, what: str) -> str:
 
 
 def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str | None = None):
-    comm = dist.init(cfg.dist)
+    comm = dist.init(cfg.dist, cfg.train.device)
     trace.attach(lambda: collectives.wait_for_all(comm))  # aligns the ranks' clocks (--trace)
     tc, rank = cfg.train, comm.rank
     device = pick_device(tc.device, comm.local_rank)
@@ -65,10 +80,12 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     resolved = to_toml(cfg)
     run_dir = Path(cfg.run.dir) if cfg.run.dir else default_run_dir(
         cfg.run.name or config_path, list(overrides), resolved)
-    if not resume and (why := collectives.from_root(
-            comm, ckpt.existing_run(run_dir) if rank == 0 else None)):
+    why = collectives.from_root(comm, ckpt.existing_run(run_dir) if rank == 0 else None)
+    if resume == "if-any":  # a requeued batch job: continue if there is something to continue
+        resume = "auto" if why else None
+    if not resume and why:
         raise UserError(why)  # never overwrite (and prune) another run's checkpoints
-    log = RunLog(run_dir if rank == 0 else None)
+    log = RunLog(run_dir if rank == 0 else None, cfg.log)
     log.write_text("config.toml", resolved)
     if comm.size > 1:
         log.info(collectives.rank_roster(comm))
@@ -99,18 +116,22 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                 log.info(f"resumed from {ck['path']} at epoch {state.epoch + 1} "
                          f"step {state.step}")
         state = runner.start(model, state)  # rank 0's weights/optimizer/state, checksummed
+        if resume and (done := finished_note(state, tc, config_path, overrides, run_dir)):
+            log.info(done)  # status.json stays finished, with the run's own start time
+            return run_dir
         log.info(f"rnntrain: {count_params(model):,} parameters, {train_ds.num_seqs} train "
                  f"sequences ({int(train_ds.lengths[keep].sum()):,} frames), {steps_per_epoch}"
                  f" steps/epoch, {comm.size} rank(s) x {workers} worker(s) x "
                  f"{tc.intra_threads} thread(s) on {device}, run folder {run_dir}")
         every, last_ckpt = host_every(device, tc.log_every), time.monotonic()
         save = partial(save_checkpoint, log, cfg, model, opt, train_ds, runner)
-        log.set_status("running")
+        log.set_status("running", resumed=bool(resume))
         for epoch in range(state.epoch, tc.epochs):
             plan = plan_for(epoch)
             feed = EpochFeed(train_ds, plan, epoch, state.pos, state.step)
             bar = tqdm(total=len(plan), initial=state.pos, desc=f"epoch {epoch + 1}/{tc.epochs}",
-                       unit="step", disable=rank != 0, dynamic_ncols=True, mininterval=1.0)
+                       unit="step", disable=rank != 0 or not log.bar, dynamic_ncols=True,
+                       mininterval=1.0)
             window = MetricsWindow(device)
             for fed in feed:  # ---- one optimizer step
                 last = fed.index == len(plan) - 1
@@ -123,7 +144,9 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                 if state.step % every == 0 or last:
                     runner.check_bad(state.step, fed, log)
                 if log_now:  # a collective: every rank logs at the same steps
-                    log_window(log, bar, window.flush(runner.exch), epoch, state.step, opt)
+                    rec = window.flush(runner.exch)
+                    log_window(log, bar, rec, epoch, state.step, opt)
+                    log.progress(epoch, tc.epochs, fed.index + 1, len(plan), rec)
                 pause_point("step", state.step)
                 stopping = stop.agree(res.stop)  # the verdict came with the step's message
                 if stopping or checkpoint_due(cfg, state.step, last_ckpt):
