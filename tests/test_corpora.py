@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.io import wavfile
 
-from data_tools import features as feat
+from rnntrain.frontend import features as feat
 from rnntrain.data.ncdata import read_file
 from tests.conftest import run_cli
 
