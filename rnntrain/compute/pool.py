@@ -181,8 +181,7 @@ class WorkerPool:
             self._started = True
         t0 = time.perf_counter()
         results = [None] * len(tasks)
-        torch.set_flush_denormal(True)  # as on a worker thread (see _loop), for the tasks only
-        try:
+        with task_settings(self.intra_threads):  # as on a worker thread, for the tasks only
             for task in tasks:
                 try:
                     with trace.span("task", index=task.index, seqs=len(task.seqs)):
@@ -192,8 +191,6 @@ class WorkerPool:
                                     f"{list(task.seqs)[:10]}"
                                     f"{' ...' if len(task.seqs) > 10 else ''}): "
                                     f"{type(e).__name__}: {e}") from e
-        finally:
-            torch.set_flush_denormal(False)
         wall = time.perf_counter() - t0
         return results, BatchTiming(wall, [wall], [0.0])
 
@@ -362,6 +359,27 @@ def set_intra_threads(n: int):
     """
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
+
+
+@contextmanager
+def task_settings(intra_threads: int = 1):
+    """Run the enclosed code as the pool runs a task: ``intra_threads`` intra-op threads
+    and denormals flushed to zero on this thread; both restored on exit.
+
+    A float sum depends on how a kernel splits it over threads, and a flushed denormal is
+    a different number: a reference computed outside the pool must use these settings to
+    match the pool bit for bit (the default thread count is the core count, which differs
+    between machines).
+    """
+    old = torch.get_num_threads()
+    set_intra_threads(intra_threads)
+    # set_flush_denormal has no getter; the main thread runs with it off (see _loop)
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+        set_intra_threads(old)
 
 
 @contextmanager
