@@ -29,6 +29,7 @@ class Chunk:
     first: int                   # index in the file of the first sequence
     sha256: str = ""             # verified on load when set (manifests)
     nbytes: int = 0
+    checked: bool = False        # a file of its own (manifests): header checked on load
 
     @property
     def frames(self) -> int:
@@ -75,6 +76,8 @@ class Dataset:
         if c.sha256:
             from rnntrain.data.manifest import verify_chunk
             verify_chunk(c)
+        if c.checked:
+            self.check_chunk(k)
         rows = ncdata.read_rows(c.path, c.row_start, c.row_stop)
         # offsets relative to the chunk; the sequences are contiguous in the file
         lens = self.lengths[c.seqs]
@@ -88,6 +91,35 @@ class Dataset:
             raise DataError(c.path, f"NaN or Inf in frame {bad - offs[j]}", var="inputs",
                             seq=c.first + j, tag=self.tags[c.seqs[j]])
         return {int(s): rows[offs[j]:offs[j + 1]] for j, s in enumerate(c.seqs)}
+
+    def check_chunk(self, k: int):
+        """A chunk file must hold the sequences the index says, in order: the same count,
+        lengths, targets and (where the file has them) tags. Cheap (the file's header, no
+        frames) and always done: chunk files swapped between shards or chunks would
+        otherwise pair frames with the wrong targets, and sha256 is optional."""
+        c = self.chunks[k]
+        h = ncdata.read_header(c.path)
+        if h.num_seqs != len(c.seqs):
+            raise DataError(c.path, f"holds {h.num_seqs} sequences, the manifest index says "
+                                    f"{len(c.seqs)} for this chunk (files swapped or "
+                                    "replaced? re-run rnntrain-data shard)", var="numSeqs")
+        if h.input_size != self.input_size or h.labels != self.labels:
+            raise DataError(c.path, "inputPattSize or alphabet differs from the manifest")
+        want = self.lengths[c.seqs]
+        for j in np.flatnonzero(h.lengths != want)[:1]:
+            raise DataError(c.path, f"length {h.lengths[j]}, the manifest index says "
+                                    f"{want[j]} (files swapped or replaced? re-run "
+                                    "rnntrain-data shard)", var="seqLengths", seq=int(j),
+                            tag=h.tags[j])
+        for j, s in enumerate(c.seqs):
+            if h.tags[j] and h.tags[j] != self.tags[s]:
+                raise DataError(c.path, f"tag differs from the manifest index's "
+                                        f"'{self.tags[s]}' (files swapped or replaced?)",
+                                var="seqTags", seq=j, tag=h.tags[j])
+            if not np.array_equal(h.targets[j], self.targets[s]):
+                raise DataError(c.path, "target differs from the manifest index (files "
+                                        "swapped or replaced?)", var="targetStrings",
+                                seq=j, tag=h.tags[j])
 
     @staticmethod
     def open(path: str, chunk_frames: int = 2_000_000) -> "Dataset":

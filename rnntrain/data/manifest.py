@@ -105,13 +105,43 @@ def read_manifest(path) -> dict:
     return man
 
 
+def confined(root: Path, rel: str, where: str) -> Path:
+    """``root/rel`` after checking that it stays inside ``root``: no absolute path, no
+    ``..``, no symlink (of the file or a folder on the way) leading out of the dataset
+    folder. Checked before anything is opened or hashed: a manifest from elsewhere must
+    not make us read (or leak the checksum of) files outside its folder."""
+    if not rel or "\0" in rel:
+        raise UserError(f"{where}: empty or invalid file name {rel!r}")
+    pure = Path(rel)
+    if pure.is_absolute() or rel.startswith(("/", "\\")) or (len(rel) > 1 and rel[1] == ":"):
+        raise UserError(f"{where}: file {rel!r} is an absolute path; manifest paths must be "
+                        f"relative to the dataset folder {root}")
+    if ".." in pure.parts or ".." in rel.replace("\\", "/").split("/"):
+        raise UserError(f"{where}: file {rel!r} leads out of the dataset folder {root} ('..')")
+    base = root.resolve()
+    try:
+        real = (root / pure).resolve()
+    except (OSError, RuntimeError) as e:  # a symlink loop
+        raise UserError(f"{where}: file {rel!r} cannot be resolved ({e})") from None
+    if real != base and base not in real.parents:
+        raise UserError(f"{where}: file {rel!r} resolves to {real}, outside the dataset "
+                        f"folder {root} (a symlink leading out)")
+    return root / pure
+
+
 def read_index(path: Path, sha: str, nbytes: int) -> dict[str, np.ndarray]:
     verify_file(path, nbytes, sha, "sequence index")
     try:
         with np.load(path, allow_pickle=False) as z:
             out = {k: z[k] for k in INDEX_KEYS}
-    except (OSError, KeyError, ValueError) as e:
+    except (OSError, KeyError, ValueError, EOFError) as e:
         raise DataError(path, f"cannot read the sequence index ({e})") from None
+    for k in ("lengths", "target_offsets", "targets"):
+        if out[k].ndim != 1 or out[k].dtype.kind not in "iu":
+            raise DataError(path, f"index array '{k}' must be 1-D integers, got "
+                                  f"{out[k].dtype} {out[k].shape}")
+    if out["tags"].ndim != 1:
+        raise DataError(path, f"index array 'tags' must be 1-D, got {out['tags'].shape}")
     return out
 
 
@@ -122,28 +152,40 @@ def open_manifest(path) -> Dataset:
     root = path.parent
     ix = man["index"]
     where = str(path)
-    idx = read_index(root / _field(ix, "file", where, str), _field(ix, "sha256", where, str),
+    # every path confined before anything is opened or hashed
+    index_path = confined(root, _field(ix, "file", where, str), f"{where} index")
+    chunk_paths = [[confined(root, c["file"], f"{where} shard {s}")
+                    for c in sh["chunks"]] for s, sh in enumerate(man["shards"])]
+    idx = read_index(index_path, _field(ix, "sha256", where, str),
                      _field(ix, "bytes", where, int))
     lengths = idx["lengths"].astype(np.int64)
     toff = idx["target_offsets"].astype(np.int64)
     flat = idx["targets"].astype(np.int32)
     n = len(lengths)
-    if len(toff) != n + 1 or len(idx["tags"]) != n or toff[-1] != len(flat):
-        raise DataError(root / ix["file"], "index arrays have inconsistent sizes")
+    if len(toff) != n + 1 or len(idx["tags"]) != n or toff[-1] != len(flat) \
+            or toff[0] != 0 or np.any(np.diff(toff) < 0):
+        raise DataError(index_path, "index arrays have inconsistent sizes")
+    if n and lengths.min() <= 0:
+        i = int(np.argmin(lengths))
+        raise DataError(index_path, f"length {lengths[i]} (every sequence needs a frame)",
+                        var="lengths", seq=i)
     targets = [flat[toff[i]:toff[i + 1]] for i in range(n)]
     if len(flat) and (flat.min() < 0 or flat.max() >= len(man["labels"])):
-        raise DataError(root / ix["file"], "target label index outside the alphabet")
+        raise DataError(index_path, "target label index outside the alphabet")
     chunks, shards, first = [], [], 0
-    for sh in man["shards"]:
+    for sh, paths in zip(man["shards"], chunk_paths):
         ids = []
-        for c in sh["chunks"]:
+        for c, cpath in zip(sh["chunks"], paths):
+            if c["numSeqs"] < 0 or c["numTimesteps"] < 0 or c["bytes"] < 0:
+                raise DataError(cpath, "negative numSeqs, numTimesteps or bytes in the "
+                                       "manifest")
             seqs = np.arange(first, first + c["numSeqs"], dtype=np.int64)
             if seqs[-1:].size and seqs[-1] >= n or int(lengths[seqs].sum()) != c["numTimesteps"]:
-                raise DataError(root / c["file"], "numSeqs/numTimesteps in the manifest do "
-                                                  "not match the sequence index")
+                raise DataError(cpath, "numSeqs/numTimesteps in the manifest do "
+                                       "not match the sequence index")
             ids.append(len(chunks))
-            chunks.append(Chunk(str(root / c["file"]), seqs, 0, c["numTimesteps"], 0,
-                                c["sha256"], c["bytes"]))
+            chunks.append(Chunk(str(cpath), seqs, 0, c["numTimesteps"], 0,
+                                c["sha256"], c["bytes"], checked=True))
             first += c["numSeqs"]
         shards.append(ids)
     if first != n:

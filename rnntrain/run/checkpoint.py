@@ -196,8 +196,7 @@ def load_for_resume(resume: str, run_dir: Path, ds, model, opt, model_cfg: dict,
     is reported with ``warn`` and, for "auto", the next older one is tried.
     """
     folder = Path(run_dir) / "checkpoints"
-    if resume == "auto":
-        remove_stale_temps(folder)
+    if resume == "auto":  # (stale temp files were removed under the run lock)
         cands, broken = resume_candidates(folder)
         if not cands and not broken:
             raise UserError(f"--resume auto: no checkpoint in {folder} (the default run.dir "
@@ -250,8 +249,13 @@ def existing_run(run_dir: Path) -> str | None:
 
 
 def remove_stale_temps(folder: Path):
-    """Temp files of writes interrupted by a crash (never valid checkpoints)."""
+    """Temp files of writes interrupted by a crash (never valid checkpoints or logs).
+
+    Only call this holding the run lock (``runlog.claim_run_folder``): a live run's temp
+    file is the checkpoint it is writing right now.
+    """
     folder = Path(folder)
     if folder.is_dir():
-        for p in folder.glob(".*.pt.tmp*"):
-            p.unlink(missing_ok=True)
+        for p in folder.glob(".*.tmp*"):
+            if p.is_file():
+                p.unlink(missing_ok=True)

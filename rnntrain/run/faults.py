@@ -9,7 +9,9 @@ update) and counted; ``max_bad`` such steps in a row stop the run naming the seq
 
 ``pause_point``: a test hook. ``RNNTRAIN_TEST_PAUSE=step:N`` blocks the process after the
 update of step N; ``RNNTRAIN_TEST_PAUSE=ckpt:N`` blocks inside the write of the checkpoint
-of step N (temp file complete, not yet renamed). Either prints ``rnntrain: paused at ...``
+of step N (temp file complete, not yet renamed); ``RNNTRAIN_TEST_PAUSE=best:N`` blocks
+at the end of the epoch that ends with step N, after best.pt is written and before
+last.pt is. Each prints ``rnntrain: paused at ...``
 on stderr first, so that a test can SIGKILL the process at that exact point. Unset, it
 costs one dictionary lookup.
 """

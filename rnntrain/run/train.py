@@ -33,7 +33,7 @@ from rnntrain.compute.optim import build_optimizer, lr_factor, set_lr
 from rnntrain.data.plan import chunk_order, make_plan, padding_ratio
 from rnntrain.tools.report import per_rank_split
 from rnntrain.data.reader import ChunkReader
-from rnntrain.run.runlog import RunLog, default_run_dir
+from rnntrain.run.runlog import RunLog, claim_run_folder, default_run_dir
 from rnntrain.compute.pool import Task, WorkerPool, default_threads, intra_threads, split_tasks
 from rnntrain.compute.tasks import FlatGrad, TaskComputer, cost_model_for
 
@@ -46,6 +46,20 @@ def describe_skipped(ds: Dataset, keep: np.ndarray, what: str) -> str:
 
 
 def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str | None = None):
+    """Train under ``cfg``; returns the run folder. The folder is locked for the whole run
+    (rank 0 holds it): a second training on it stops at once."""
+    comm = dist.init(cfg.dist)
+    run_dir = Path(cfg.run.dir) if cfg.run.dir else default_run_dir(
+        cfg.run.name or config_path, list(overrides), to_toml(cfg))
+    lock = claim_run_folder(comm, run_dir, resume)
+    try:
+        return _train(cfg, config_path, overrides, resume, run_dir)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(cfg: Config, config_path, overrides, resume, run_dir: Path):
     comm = dist.init(cfg.dist)
     trace.attach(comm)  # aligns the ranks' clocks when --trace is on
     tc, rank = cfg.train, comm.rank
@@ -69,13 +83,8 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     val_keep = val_ds.feasible(cfg.model.subsample) if val_ds is not None else None
 
     # ---- run folder (rank 0 writes; resolved config saved for reproducibility)
-    resolved = to_toml(cfg)
-    run_dir = Path(cfg.run.dir) if cfg.run.dir else default_run_dir(
-        cfg.run.name or config_path, list(overrides), resolved)
-    if not resume and (why := comm.bcast_obj(ckpt.existing_run(run_dir) if rank == 0 else None)):
-        raise UserError(why)  # never overwrite (and prune) another run's checkpoints
     log = RunLog(run_dir if rank == 0 else None)
-    log.write_text("config.toml", resolved)
+    log.write_text("config.toml", to_toml(cfg))
     if comm.size > 1:
         log.info(comm.roster())
     if not keep.all():
@@ -222,9 +231,13 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                     state["best_ler"], state["best_loss"], state["since_best"] = *key, 0
                 else:
                     state["since_best"] += 1
-            save(log, cfg, model, opt, state, train_ds, "last.pt")
+            # best.pt before last.pt: last.pt records the new best score, so once it is
+            # written a resume never validates this epoch again; a kill between the two
+            # writes resumes from an older position and rewrites the same best.pt
             if improved:
                 save(log, cfg, model, opt, state, train_ds, "best.pt")
+                pause_point("best", state["step"])
+            save(log, cfg, model, opt, state, train_ds, "last.pt")
             if tc.patience and state["since_best"] >= tc.patience:
                 log.info(f"early stop: no improvement in {tc.patience} validations")
                 break
