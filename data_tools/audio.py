@@ -74,15 +74,19 @@ def _where(list_path, e: Entry) -> str:
 
 def read_wav(path) -> tuple[int, np.ndarray]:
     """→ (rate, mono float64 signal in [-1, 1]). Raises UserError naming the file."""
+    import struct
     from scipy.io import wavfile
-    if not os.path.isfile(path):
-        raise UserError(f"{path}: file not found")
+    from rnntrain.errors import check_regular_file
+    check_regular_file(path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # odd chunks (LIST/INFO) are skipped anyway
             rate, x = wavfile.read(path)
-    except (ValueError, OSError, EOFError) as e:
-        raise UserError(f"{path}: cannot read as WAV ({e})") from None
+    except (ValueError, OSError, EOFError, struct.error) as e:
+        # struct.error: scipy unpacks a truncated header ("unpack requires a buffer of 16
+        # bytes") without checking its length first
+        why = f"truncated header ({e})" if isinstance(e, struct.error) else str(e)
+        raise UserError(f"{path}: cannot read as WAV ({why})") from None
     if x.dtype == np.uint8:
         x = (x.astype(np.float64) - 128.0) / 128.0
     elif x.dtype.kind == "i":

@@ -40,8 +40,11 @@ def _load_for_eval(checkpoint: str, data: str, device: str):
     from rnntrain.errors import DataError
     from rnntrain.compute.model import build_model
     from rnntrain.compute.device import pick_device
-    ck = ckpt.load(checkpoint)
-    cfg = config_from_dict(ck["config"])
+    ck = ckpt.load(checkpoint, need=ckpt.MODEL_KEYS)
+    try:
+        cfg = config_from_dict(ck["config"])
+    except UserError as e:
+        raise UserError(f"{checkpoint}: its config does not fit this rnntrain ({e})") from None
     ds = Dataset.open(data, cfg.data.chunk_frames)
     if ds.input_size != ck["input_size"]:
         raise DataError(data, f"inputPattSize {ds.input_size} differs from the checkpoint's "
@@ -50,7 +53,11 @@ def _load_for_eval(checkpoint: str, data: str, device: str):
         raise DataError(data, "alphabet differs from the checkpoint's", var="labels")
     dev = pick_device(device)
     model = build_model(cfg.model, ck["input_size"], len(ck["labels"]))
-    model.load_state_dict(ck["model"])
+    try:
+        model.load_state_dict(ck["model"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{checkpoint}: its weights do not fit its own [model] section "
+                        f"({str(e).splitlines()[0][:200]})") from None
     model.to(dev)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     return cfg, ds, model, dev
@@ -60,6 +67,10 @@ def _cmd_eval(args) -> int:
     from rnntrain.run.evaluate import evaluate
     cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device)
     keep = ds.feasible(cfg.model.subsample)
+    if not keep.any():  # a score over nothing would read as LER 0
+        raise UserError(f"{args.data}: none of its {ds.num_seqs} sequences is long enough "
+                        f"for its target (model.subsample = {cfg.model.subsample}): nothing "
+                        "to score")
     counts = evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev,
                       beam=args.beam)
     out = {k: c.summary() for k, c in counts.items()}

@@ -8,12 +8,13 @@ component receives only its own section.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from rnntrain.errors import ConfigError
+from rnntrain.errors import ConfigError, check_regular_file
 
 
 @dataclass
@@ -114,6 +115,10 @@ POSITIVE = {("model", "layers"), ("model", "hidden"), ("model", "subsample"),
             ("train", "max_bad_steps"), ("train", "val_every_epochs"),
             ("data", "chunk_frames"), ("dist", "timeout_s"), ("checkpoint", "keep_last"),
             ("optim", "step_epochs")}
+# inf passes "> 0": a learning rate of inf turns every weight into NaN at the first step
+FINITE = {("optim", "lr"), ("optim", "momentum"), ("optim", "weight_decay"),
+          ("optim", "clip_norm"), ("optim", "min_lr"), ("optim", "step_gamma"),
+          ("train", "input_noise"), ("model", "dropout")}
 NON_NEGATIVE = {("optim", "momentum"), ("optim", "weight_decay"), ("optim", "clip_norm"),
                 ("optim", "warmup_steps"), ("optim", "min_lr"), ("train", "input_noise"),
                 ("train", "threads"), ("train", "patience"), ("checkpoint", "every_steps"),
@@ -185,6 +190,19 @@ def validate(cfg: Config):
         v = getattr(getattr(cfg, sec), key)
         if not v >= 0:
             raise ConfigError(f"{sec}.{key} = {v!r} must be >= 0")
+    for sec, key in FINITE:
+        v = getattr(getattr(cfg, sec), key)
+        if not math.isfinite(v):
+            raise ConfigError(f"{sec}.{key} = {v!r} must be a finite number")
+    for f in fields(cfg):
+        for g in fields(getattr(cfg, f.name)):
+            v = getattr(getattr(cfg, f.name), g.name)
+            if isinstance(v, str):
+                try:
+                    v.encode("utf-8")
+                except UnicodeEncodeError:  # undecodable bytes from the command line
+                    raise ConfigError(f"{f.name}.{g.name} = {v!r} is not valid UTF-8 text"
+                                      ) from None
     if cfg.model.dropout >= 1:
         raise ConfigError(f"model.dropout = {cfg.model.dropout} must be < 1")
     dev = cfg.train.device
@@ -198,10 +216,19 @@ def load_config(path: str | Path | None, overrides: list[str] = (), check: bool 
     cfg = Config()
     if path is not None:
         p = Path(path)
-        if not p.is_file():
+        if not p.exists():
             raise ConfigError(f"config file not found: {p}")
+        check_regular_file(p, "config file", ConfigError)
         try:
-            table = tomllib.loads(p.read_text())
+            text = p.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:  # TOML is UTF-8 by definition
+            line = p.read_bytes()[:e.start].count(b"\n") + 1
+            raise ConfigError(f"{p}: not UTF-8 text (byte 0x{e.object[e.start]:02x} on line "
+                              f"{line}); TOML files must be UTF-8") from None
+        except OSError as e:
+            raise ConfigError(f"{p}: cannot read ({e.strerror or e})") from None
+        try:
+            table = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{p}: not valid TOML ({e})") from None
         _apply(cfg, table, str(p))
@@ -224,6 +251,25 @@ def to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
 
 
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n",
+                 "\f": "\\f", "\r": "\\r"}
+
+
+def toml_string(v: str) -> str:
+    """``v`` as a TOML basic string: quotes, backslashes and every control character
+    (which TOML does not allow raw: newline, tab, DEL, ...) escaped, so any run.name or
+    path reads back as itself."""
+    out = []
+    for ch in v:
+        if ch in _TOML_ESCAPES:
+            out.append(_TOML_ESCAPES[ch])
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
 def to_toml(cfg: Config) -> str:
     """The resolved config as TOML (saved in the run folder)."""
     lines = []
@@ -233,7 +279,7 @@ def to_toml(cfg: Config) -> str:
             if isinstance(v, bool):
                 s = "true" if v else "false"
             elif isinstance(v, str):
-                s = '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+                s = toml_string(v)
             else:
                 s = repr(v)
             lines.append(f"{k} = {s}")

@@ -122,6 +122,41 @@ class CTCModel(nn.Module):
         return F.log_softmax(self.out(x).float(), dim=-1), lengths
 
 
+def estimate_params(mcfg, input_size: int, num_labels: int) -> int:
+    """Parameters of ``build_model(mcfg, ...)`` from the config alone (no allocation):
+    per layer and direction 4H(F+H) weights, 8H biases (plus 3H peepholes), then the
+    output layer. Matches count_params for the lstm cell (tested)."""
+    dirs = 2 if mcfg.bidirectional else 1
+    size, n = input_size * mcfg.subsample, 0
+    for _ in range(mcfg.layers):
+        n += dirs * (4 * mcfg.hidden * (size + mcfg.hidden) + 8 * mcfg.hidden
+                     + (3 * mcfg.hidden if mcfg.cell == "peephole" else 0))
+        size = mcfg.hidden * dirs
+    return n + size * (num_labels + 1) + num_labels + 1
+
+
+def check_fits(mcfg, input_size: int, num_labels: int, copies: int, memory_bytes: int):
+    """UserError when ``copies`` fp32 copies of the parameters (weights, gradients,
+    optimizer moments, per-task gradient buffers) exceed ``memory_bytes``, naming the
+    [model] key that makes it large; before torch is asked to allocate it (a RuntimeError
+    traceback, or the OOM killer)."""
+    n = estimate_params(mcfg, input_size, num_labels)
+    need = n * 4 * copies
+    if need <= memory_bytes:
+        return
+    from rnntrain.errors import ConfigError
+    key = "model.hidden" if mcfg.hidden * mcfg.hidden >= mcfg.hidden * input_size \
+        * mcfg.subsample else "model.subsample"
+    if mcfg.layers > 64:
+        key = "model.layers"
+    val = {"model.hidden": mcfg.hidden, "model.subsample": mcfg.subsample,
+           "model.layers": mcfg.layers}[key]
+    raise ConfigError(f"{key} = {val}: the model would have {n:.3g} parameters, about "
+                      f"{need / 2**30:,.1f} GiB as {copies} fp32 copies (weights, gradients, "
+                      f"optimizer state, task buffers), more than the "
+                      f"{memory_bytes / 2**30:,.1f} GiB of memory here")
+
+
 def build_model(mcfg, input_size: int, num_labels: int) -> CTCModel:
     return CTCModel(input_size, num_labels, mcfg.layers, mcfg.hidden, mcfg.bidirectional,
                     mcfg.subsample, mcfg.cell, mcfg.dropout)

@@ -340,12 +340,36 @@ def default_threads(threads: int, intra_threads: int, ranks_per_node: int = 1) -
     ``threads = 0`` fills this rank's share of the usable cores (CPU affinity, so taskset
     and container limits count) with workers of ``intra_threads`` each.
     """
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not on Linux
-        cores = os.cpu_count() or 1
-    cores = max(1, cores // max(ranks_per_node, 1))
+    cores = max(1, usable_cores() // max(ranks_per_node, 1))
     return (threads or max(1, cores // intra_threads)), intra_threads
+
+
+# oversubscription past this many threads per usable core only adds switching: a typo
+# such as threads = 10000 would start 20,000 threads (workers and their OpenMP teams)
+MAX_THREADS_PER_CORE = 4
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
+def cap_threads(workers: int, intra: int, ranks_per_node: int = 1, device=None) -> int:
+    """``workers`` limited to MAX_THREADS_PER_CORE threads (workers x intra-op threads x
+    ranks on this node) per usable core, with a warning on stderr when it is cut."""
+    if device is not None and getattr(device, "type", "cpu") == "cuda":
+        limit = 64  # GPU: workers feed streams; more than a few never help
+    else:
+        limit = max(1, MAX_THREADS_PER_CORE * usable_cores() // max(intra * ranks_per_node, 1))
+    if workers <= limit:
+        return workers
+    import sys
+    print(f"rnntrain: warning: train.threads = {workers} (x intra_threads {intra} x "
+          f"{ranks_per_node} rank(s) on this node) is far more than the {usable_cores()} "
+          f"usable cores; using {limit} workers", file=sys.stderr, flush=True)
+    return limit
 
 
 def set_intra_threads(n: int):

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from rnntrain.data import ncdata
-from rnntrain.errors import DataError, UserError
+from rnntrain.errors import DataError, UserError, check_regular_file
 from rnntrain.compute.model import min_frames
 
 
@@ -130,11 +130,20 @@ class Dataset:
                                 "an interrupted rnntrain-data shard: run it again)")
             p = p / "manifest.json"
         if p.suffix == ".json":
+            check_regular_file(p, "manifest")
             from rnntrain.data.manifest import open_manifest
-            return open_manifest(p)
-        if not p.exists():
-            raise UserError(f"{path}: data file not found")
-        return from_nc(str(p), chunk_frames)
+            ds = open_manifest(p)
+        else:
+            check_regular_file(p, "data file")
+            ds = from_nc(str(p), chunk_frames)
+        ds.require_sequences()
+        return ds
+
+    def require_sequences(self):
+        """DataError for a dataset without sequences: training, scoring or inspecting it
+        would only report zeros (an LER of 0 on nothing looks like success)."""
+        if self.num_seqs == 0:
+            raise DataError(self.source, "holds no sequences (numSeqs = 0)", var="numSeqs")
 
 
 def virtual_chunks(path: str, lengths: np.ndarray, chunk_frames: int, first_id: int = 0,

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from rnntrain.data.dataset import Chunk, Dataset
-from rnntrain.errors import DataError, UserError
+from rnntrain.errors import DataError, UserError, check_regular_file, file_problem
 from rnntrain.data.plan import Step, rng_for
 
 FORMAT = "rnntrain-manifest"
@@ -54,6 +54,8 @@ def verify_chunk(chunk: Chunk):
 
 
 def verify_file(path, nbytes: int, sha256: str, what: str):
+    if why := file_problem(path, what):
+        raise DataError(path, why)
     try:
         size = os.path.getsize(path)
     except OSError as e:
@@ -78,6 +80,7 @@ def _field(obj: dict, key: str, where: str, kind=None):
 def read_manifest(path) -> dict:
     """Parse and check manifest.json (structure only; checksums are verified on load)."""
     path = Path(path)
+    check_regular_file(path, "manifest")
     try:
         man = json.loads(path.read_text())
     except FileNotFoundError:

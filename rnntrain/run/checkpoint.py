@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rnntrain.errors import UserError
+from rnntrain.errors import UserError, check_regular_file
 
 FORMAT_VERSION = 1
 _PAUSE = bool(os.environ.get("RNNTRAIN_TEST_PAUSE"))  # see faults.pause_point
@@ -57,11 +57,15 @@ def save_atomic(obj: dict, path: Path):
         os.close(dfd)
 
 
-def load(path) -> dict:
-    """Load and check a checkpoint; a clear UserError if it is not one of ours."""
+MODEL_KEYS = ("model", "config", "labels", "input_size")     # what eval/decode need
+TRAIN_KEYS = MODEL_KEYS + ("optim", "state")                # what a resume needs
+
+
+def load(path, need: tuple[str, ...] = ()) -> dict:
+    """Load and check a checkpoint; a clear UserError if it is not one of ours or lacks
+    one of the entries ``need`` names."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: checkpoint not found")
+    check_regular_file(path, "checkpoint")
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, not a torch file, or holds code objects
@@ -72,6 +76,19 @@ def load(path) -> dict:
     if ck["format"] != FORMAT_VERSION:
         raise UserError(f"{path}: checkpoint format {ck['format']}, this rnntrain reads "
                         f"format {FORMAT_VERSION}")
+    missing = [k for k in need if k not in ck]
+    if missing:
+        raise UserError(f"{path}: not a complete rnntrain checkpoint (no "
+                        f"{', '.join(missing)})")
+    if "state" in need and not (isinstance(ck["state"], dict) and all(
+            isinstance(ck["state"].get(k), int) for k in ("epoch", "pos", "step"))):
+        raise UserError(f"{path}: checkpoint lacks the training position (epoch, pos, step)")
+    if "input_size" in need and not isinstance(ck["input_size"], int) \
+            or "labels" in need and not isinstance(ck["labels"], list) \
+            or "config" in need and not isinstance(ck["config"], dict) \
+            or "model" in need and not isinstance(ck["model"], dict):
+        raise UserError(f"{path}: not a complete rnntrain checkpoint (an entry has the "
+                        "wrong type)")
     return ck
 
 
@@ -164,7 +181,7 @@ def resume_candidates(folder: Path) -> tuple[list[Path], list[tuple[Path, str]]]
     good, broken = [], []
     for p in found:
         try:
-            good.append((tuple(-v for v in _position(load(p))), p))
+            good.append((tuple(-v for v in _position(load(p, TRAIN_KEYS))), p))
         except UserError as e:
             broken.append((p, str(e)))
         except (KeyError, TypeError):
@@ -213,12 +230,12 @@ def load_for_resume(resume: str, run_dir: Path, ds, model, opt, model_cfg: dict,
     errors = []
     for i, path in enumerate(cands):
         try:
-            ck = load(path)
+            ck = load(path, TRAIN_KEYS)
             check_matches(ck, path, ds, model_cfg)
             try:
                 model.load_state_dict(ck["model"])
                 opt.load_state_dict(ck["optim"])
-            except (RuntimeError, ValueError, KeyError) as e:
+            except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
                 raise UserError(f"{path}: does not fit this model "
                                 f"({str(e).splitlines()[0][:200]})") from None
             if "rng" in ck:

@@ -22,19 +22,21 @@ from rnntrain.parallel import mpi as dist
 from rnntrain.run import trace
 from rnntrain.config import Config, to_dict, to_toml
 from rnntrain.data.dataset import Dataset, check_compatible
-from rnntrain.compute.device import autocast_dtype, host_every, pick_device, worker_start
+from rnntrain.compute.device import (autocast_dtype, host_every, memory_bytes, pick_device,
+                                     worker_start)
 from rnntrain.errors import UserError
 from rnntrain.run.evaluate import evaluate
 from rnntrain.parallel.exchange import Exchange
 from rnntrain.run.faults import BadSteps, StopFlag, pause_point, resume_hint
 from rnntrain.data.manifest import remainder_note
-from rnntrain.compute.model import build_model, count_params, init_uniform
+from rnntrain.compute.model import build_model, check_fits, count_params, init_uniform
 from rnntrain.compute.optim import build_optimizer, lr_factor, set_lr
 from rnntrain.data.plan import chunk_order, make_plan, padding_ratio
 from rnntrain.tools.report import per_rank_split
 from rnntrain.data.reader import ChunkReader
 from rnntrain.run.runlog import RunLog, claim_run_folder, default_run_dir
-from rnntrain.compute.pool import Task, WorkerPool, default_threads, intra_threads, split_tasks
+from rnntrain.compute.pool import (Task, WorkerPool, cap_threads, default_threads, intra_threads,
+                                   split_tasks)
 from rnntrain.compute.tasks import FlatGrad, TaskComputer, cost_model_for
 
 
@@ -73,6 +75,7 @@ def _train(cfg: Config, config_path, overrides, resume, run_dir: Path):
     # one worker feeds a GPU (its own stream); on CPU the rank's share of the cores
     workers = (tc.threads or 1) if device.type == "cuda" else \
         default_threads(tc.threads, tc.intra_threads, comm.local_size)[0]
+    workers = cap_threads(workers, tc.intra_threads, comm.local_size, device)
 
     # ---- data: metadata now, frames later on the reader thread
     train_ds = Dataset.open(cfg.data.train, cfg.data.chunk_frames)
@@ -95,6 +98,8 @@ def _train(cfg: Config, config_path, overrides, resume, run_dir: Path):
         raise UserError(f"{cfg.data.train}: no sequence is long enough for its target")
 
     # ---- model and optimizer: the same initial weights on every rank
+    check_fits(cfg.model, train_ds.input_size, train_ds.num_labels,
+               5 + workers * tc.tasks_per_worker, memory_bytes(device))
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model, train_ds.input_size, train_ds.num_labels)
     if cfg.model.cell == "peephole":
