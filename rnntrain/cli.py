@@ -57,7 +57,7 @@ def _load_for_eval(checkpoint: str, data: str, device: str):
         model.load_state_dict(ck["model"])
     except (RuntimeError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"{checkpoint}: its weights do not fit its own [model] section "
-                        f"({str(e).splitlines()[0][:200]})") from None
+                        f"({(str(e).splitlines() or [type(e).__name__])[0][:200]})") from None
     model.to(dev)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     return cfg, ds, model, dev

@@ -40,7 +40,7 @@ def save_atomic(obj: dict, path: Path):
         # failed write of a large tensor as a RuntimeError ("unexpected pos ...").
         tmp.unlink(missing_ok=True)
         why = e.strerror if isinstance(e, OSError) and e.strerror else \
-            f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            f"{type(e).__name__}: {(str(e).splitlines() or [type(e).__name__])[0][:120]}"
         try:
             free = f"; {shutil.disk_usage(path.parent).free / 2**20:.0f} MiB free there"
         except OSError:
@@ -70,7 +70,7 @@ def load(path, need: tuple[str, ...] = ()) -> dict:
         ck = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, not a torch file, or holds code objects
         raise UserError(f"{path}: not a readable checkpoint ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0][:200]})") from None
+                        f"{(str(e).splitlines() or [type(e).__name__])[0][:200]})") from None
     if not isinstance(ck, dict) or "format" not in ck:
         raise UserError(f"{path}: not an rnntrain checkpoint")
     if ck["format"] != FORMAT_VERSION:
@@ -237,7 +237,7 @@ def load_for_resume(resume: str, run_dir: Path, ds, model, opt, model_cfg: dict,
                 opt.load_state_dict(ck["optim"])
             except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
                 raise UserError(f"{path}: does not fit this model "
-                                f"({str(e).splitlines()[0][:200]})") from None
+                                f"({(str(e).splitlines() or [type(e).__name__])[0][:200]})") from None
             if "rng" in ck:
                 set_rng_states(ck["rng"])
             ck["path"] = str(path)
