@@ -444,3 +444,97 @@ def test_config_strings_round_trip_through_toml(text):
         return
     back = tomllib.loads(to_toml(cfg))
     assert back["run"]["name"] == text and back["data"]["train"] == text + "/x.nc"
+
+
+# ---------------------------------------------------------------- MPI: resume, failures
+
+def test_resumed_plan_covers_the_epoch_exactly_once(synth_pair):
+    """An epoch interrupted on 2 ranks after 3 steps, resumed on 3 ranks for 2 steps,
+    then finished alone: every kept sequence is trained exactly once, against the plain
+    set of kept ids (an independent count)."""
+    from rnntrain.data.plan import make_plan, resumed_plan
+    ds = Dataset.open(str(synth_pair[0]))
+    keep = ds.feasible()
+    keep[::7] = False  # some left out, as infeasible ones are
+    seen = []
+    for parts, world, steps in (([], 2, 3), ([(2, 3)], 3, 2), ([(2, 3), (3, 2)], 1, None)):
+        for r in range(world):
+            plan = resumed_plan(ds, keep, 1500, 5, 1, r, world, parts)
+            if not parts:
+                assert plan == make_plan(ds, keep, 1500, 5, 1, r, world)
+            for st in plan[:steps]:
+                seen.extend(st.seqs)
+    assert sorted(seen) == sorted(np.flatnonzero(keep).tolist())
+
+
+def test_resumed_plan_unchanged_without_a_rank_change(synth_pair):
+    from rnntrain.data.plan import make_plan, resumed_plan
+    ds = Dataset.open(str(synth_pair[0]))
+    keep = ds.feasible()
+    assert resumed_plan(ds, keep, 1500, 5, 0, 1, 2, []) == make_plan(ds, keep, 1500, 5, 0, 1, 2)
+
+
+def _mpiexec():
+    from tests.conftest import mpiexec
+    return mpiexec()
+
+
+needs_mpi = pytest.mark.skipif(_mpiexec() is None, reason="mpiexec not found")
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_resume_on_another_rank_count_trains_each_sequence_once(tmp_path, synth_pair):
+    """2 ranks, killed mid-epoch; resumed alone: the rest of the epoch is re-dealt and
+    the sequences trained in epoch 1 add up to every feasible one, exactly once; the
+    SIGTERM resume hint of an MPI run names the launcher and rank count."""
+    cfg = _cfg(tmp_path, synth_pair)
+    run = tmp_path / "run"
+    two = [_mpiexec(), "-n", "2", *_train_cmd(cfg, run)]
+    Paused(two, "step:5").kill()  # checkpoints at steps 2 and 4
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    ck = torch.load(run / "checkpoints" / "step-00000004.pt", weights_only=True)
+    assert ck["state"]["world"] == 2 and ck["state"]["pos"] == 4
+    first = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    p = subprocess.run(_train_cmd(cfg, run, "train.epochs=1", "--resume"), cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "resumed on 1 rank(s) from a checkpoint written on 2" in p.stderr
+    assert "not bit-identical" in p.stderr
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    second = recs[len(first):]
+    trained = sum(r["seqs"] for r in first if r["split"] == "train" and r["step"] <= 4) + \
+        sum(r["seqs"] for r in second if r["split"] == "train" and r["epoch"] == 0)
+    assert trained == int(Dataset.open(str(synth_pair[0])).feasible().sum())
+    # a stop under MPI: the hint starts the same launcher with the same rank count
+    run2 = tmp_path / "run2"
+    e = dict(env, RNNTRAIN_TEST_PAUSE="")
+    p = subprocess.Popen([_mpiexec(), "-n", "2", *_train_cmd(cfg, run2)], cwd=ROOT, env=e,
+                         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    err = []
+    for line in p.stderr:
+        err.append(line)
+        if "step/s" in line and p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            break
+    err.append(p.stderr.read())
+    p.wait(timeout=120)
+    text = "".join(err)
+    assert f"resume with: mpiexec -n 2 rnntrain train {cfg}" in text, text[-2000:]
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_mpi_abort_leaves_status_failed_with_the_reason(tmp_path, synth_pair):
+    """A rank raising at step 3 ends the job; status.json (written by rank 0) says
+    failed, naming the rank and the error, not running."""
+    cfg = _cfg(tmp_path, synth_pair)
+    run = tmp_path / "run"
+    p = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "tests/mpi_fault.py", "1",
+                        "raise", "3", str(cfg), f"run.dir={run}"], cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
+                       text=True, timeout=180)
+    assert p.returncode != 0
+    st = json.loads((run / "status.json").read_text())
+    assert st["status"] == "failed", st
+    assert "rank 1 of 2" in st["error"] and "injected fault at step 3" in st["error"]

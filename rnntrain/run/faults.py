@@ -70,11 +70,12 @@ class StopFlag:
         self._old.clear()
 
 
-def resume_hint(config_path, overrides, run_dir) -> str:
-    """The command line that continues a stopped run."""
+def resume_hint(config_path, overrides, run_dir, launcher: str = "") -> str:
+    """The command line that continues a stopped run (``launcher``: e.g. "mpiexec -n 4",
+    the one this run was started with, see ``mpi.launcher_prefix``)."""
     keep = [o for o in overrides if not o.lstrip("-").startswith("run.dir=")]
-    return " ".join(["rnntrain train", str(config_path or "CONFIG"), *keep,
-                     f"run.dir={run_dir}", "--resume"])
+    return " ".join([*([launcher] if launcher else []), "rnntrain train",
+                     str(config_path or "CONFIG"), *keep, f"run.dir={run_dir}", "--resume"])
 
 
 class BadSteps:

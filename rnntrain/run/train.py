@@ -31,7 +31,7 @@ from rnntrain.run.faults import BadSteps, StopFlag, pause_point, resume_hint
 from rnntrain.data.manifest import remainder_note
 from rnntrain.compute.model import build_model, check_fits, count_params, init_uniform
 from rnntrain.compute.optim import build_optimizer, lr_factor, set_lr
-from rnntrain.data.plan import chunk_order, make_plan, padding_ratio
+from rnntrain.data.plan import chunk_order, make_plan, padding_ratio, resumed_plan
 from rnntrain.tools.report import per_rank_split
 from rnntrain.data.reader import ChunkReader
 from rnntrain.run.runlog import RunLog, claim_run_folder, default_run_dir
@@ -87,6 +87,10 @@ def _train(cfg: Config, config_path, overrides, resume, run_dir: Path):
 
     # ---- run folder (rank 0 writes; resolved config saved for reproducibility)
     log = RunLog(run_dir if rank == 0 else None)
+    if rank == 0:  # an MPI abort ends this process without the finally below
+        dist.on_abort(lambda msg: log.set_status("failed", epoch=state["epoch"],
+                                                 step=state["step"], error=msg))
+    state = {"epoch": 0, "pos": 0, "step": 0}
     log.write_text("config.toml", to_toml(cfg))
     if comm.size > 1:
         log.info(comm.roster())
@@ -109,14 +113,18 @@ def _train(cfg: Config, config_path, overrides, resume, run_dir: Path):
     opt = build_optimizer(cfg.optim, params, fused=device.type == "cuda")
     flat = FlatGrad(params, device)
     exch = Exchange(comm, cfg.dist, flat, params)
-    state = {"epoch": 0, "pos": 0, "step": 0, "best_ler": math.inf, "since_best": 0}
+    state = {"epoch": 0, "pos": 0, "step": 0, "best_ler": math.inf, "since_best": 0,
+             "world": comm.size, "parts": []}
     if resume:  # rank 0 reads it; the other ranks receive it in sync_start
         ck = resume_checkpoint(comm, resume, run_dir, train_ds, model, opt, cfg)
         if ck is not None:
             state.update(ck["state"])
             log.info(f"resumed from {ck['path']} at epoch {state['epoch'] + 1} "
                      f"step {state['step']}")
+    rerank_note = ranks_changed(state, comm.size)
     state = exch.sync_start(model, opt, state)  # rank 0's weights/optimizer, checksummed
+    if rerank_note:
+        log.info(rerank_note)
     bad = BadSteps(state, tc.max_bad_steps, device)
 
     plan0 = make_plan(train_ds, keep, tc.batch_frames, tc.seed, 0, rank, comm.size,
@@ -143,8 +151,10 @@ def _train(cfg: Config, config_path, overrides, resume, run_dir: Path):
     log.set_status("running")
     try:
         for epoch in range(state["epoch"], tc.epochs):
-            plan = make_plan(train_ds, keep, tc.batch_frames, tc.seed, epoch, rank, comm.size,
-                             round_lengths=tc.round_lengths)
+            # an epoch interrupted on another rank count goes on over the sequences left
+            parts = state["parts"] if epoch == state["epoch"] else []
+            plan = resumed_plan(train_ds, keep, tc.batch_frames, tc.seed, epoch, rank,
+                                comm.size, parts, tc.round_lengths)
             start = state["pos"]
             reader = ChunkReader(train_ds.load_chunk, chunk_order(plan[start:]))
             bar = tqdm(total=len(plan), initial=start, desc=f"epoch {epoch + 1}/{tc.epochs}",
@@ -165,7 +175,7 @@ def _train(cfg: Config, config_path, overrides, resume, run_dir: Path):
                 tasks = [Task(j, g, ([payload[s] for s in g], [train_ds.targets[s] for s in g]))
                          for j, g in enumerate(groups)]
                 computer.ensure_buffers(len(tasks))
-                computer.key = (tc.seed, epoch, i)
+                computer.key = (tc.seed, epoch, i + sum(p for _, p in parts))
                 log_now = (state["step"] + 1) % tc.log_every == 0 or i == len(plan) - 1
                 computer.want_errors = every == 1 or log_now  # GPU: LER on logging steps
                 computer.begin_step()
@@ -208,14 +218,16 @@ def _train(cfg: Config, config_path, overrides, resume, run_dir: Path):
                     save(log, cfg, model, opt, state, train_ds, f"step-{state['step']:08d}.pt")
                     last_ckpt_time = time.monotonic()
                 if stopping:
+                    launcher = dist.launcher_prefix(comm.size)
                     bar.close()
                     reader.close()
                     log.info(f"stopped by {stop.signal} after step {state['step']}; checkpoint "
-                             f"saved; resume with: {resume_hint(config_path, overrides, run_dir)}")
+                             f"saved; resume with: "
+                             f"{resume_hint(config_path, overrides, run_dir, launcher)}")
                     return run_dir
             bar.close()
             reader.close()
-            state["epoch"], state["pos"] = epoch + 1, 0
+            state["epoch"], state["pos"], state["parts"] = epoch + 1, 0, []
             if log.folder:
                 log.info(f"epoch {epoch + 1}: data wait {reader.wait_s:.2f} s, "
                          f"loads {reader.load_s:.2f} s")
@@ -266,6 +278,7 @@ def _train(cfg: Config, config_path, overrides, resume, run_dir: Path):
         pool.close()
         trace.finish(comm, failed=sys.exc_info()[0] is not None)
         log.finish(sys.exc_info()[1], stop.signal, state)
+        dist.on_abort(None)
         log.close()
 
 
@@ -306,6 +319,24 @@ class Window:
                                             "update_s"), self.split)}}
         self.__init__(self.device)
         return rec
+
+
+def ranks_changed(state: dict, world: int) -> str | None:
+    """A checkpoint written by a run on another number of ranks: the epoch it stopped in
+    goes on over the sequences it had not trained yet, re-dealt to ``world`` ranks
+    (``plan.resumed_plan``). Updates ``state``; returns the line to log, or None."""
+    old = int(state.get("world", world))
+    state.setdefault("parts", [])
+    state["world"] = world
+    if old == world:
+        return None
+    if state["pos"]:
+        state["parts"] = [*state["parts"], [old, state["pos"]]]
+        state["pos"] = 0
+    return (f"resumed on {world} rank(s) from a checkpoint written on {old}: the rest of "
+            f"epoch {state['epoch'] + 1} is re-dealt over the sequences not yet trained "
+            "(none skipped or repeated); the run is not bit-identical to an uninterrupted "
+            "one")
 
 
 def load_best(log: RunLog, model, comm):
