@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import workloads as wl
 from rnntrain.data import ncdata
 from rnntrain.data.dataset import Dataset, virtual_chunks
 from rnntrain.data.plan import make_plan, padding_ratio
@@ -52,9 +53,8 @@ def write_random(path: Path, frames: int, features: int, seed: int, median: int 
 
 def train_cli(args: list[str]) -> tuple[int, float]:
     """Run ``rnntrain train`` in a fresh process → (peak RSS bytes, wall seconds)."""
-    code = ("import resource, sys\nfrom rnntrain.cli import main\nrc = main(sys.argv[1:])\n"
-            "print('MAXRSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
-            "sys.exit(rc)")
+    code = (wl.PEAK_RSS_CODE + "import sys\nfrom rnntrain.cli import main\n"
+            "rc = main(sys.argv[1:])\nprint('MAXRSS', _peak_rss_kb())\nsys.exit(rc)")
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-c", code, "train", *args], cwd=ROOT,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
@@ -88,7 +88,7 @@ def rss_section(work: Path, quick: bool) -> list[str]:
         f"Tiny model ({cmd}), one epoch over random speech-like data "
         f"({features} features, float32), chunks of {chunk_frames:,} frames "
         f"({chunk_frames * features * 4 / 1e6:.0f} MB); peak RSS of the whole training "
-        "process (`ru_maxrss`).", "",
+        "process image (`VmHWM`, see `bench.workloads.PEAK_RSS_CODE`).", "",
         "| dataset | inputs on disk | peak RSS | epoch wall time |", "|---|---:|---:|---:|",
         *[f"| {k} | {size[k] / 1e6:,.0f} MB | {res[k][0] / 1e6:,.0f} MB | {res[k][1]:.0f} s |"
           for k in ("small", "large")], "",

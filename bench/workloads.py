@@ -55,11 +55,22 @@ def reference_data(folder: Path, num_seqs: int, seed: int = 7) -> Path:
     return path
 
 
-_RUNNER = ("import resource, sys\n"
+# The peak resident memory of this process image alone: /proc/self/status VmHWM. Not
+# ru_maxrss: Linux carries the parent's peak over a vfork + exec (subprocess uses vfork),
+# so a child started from a bench process that had held 2 GB reported 2 GB itself; that
+# is why two sections once disagreed 2x on the same workload's bf16 memory.
+PEAK_RSS_CODE = ("def _peak_rss_kb():\n"
+                 "    for ln in open('/proc/self/status'):\n"
+                 "        if ln.startswith('VmHWM:'):\n"
+                 "            return int(ln.split()[1])\n"
+                 "    import resource\n"
+                 "    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n")
+
+_RUNNER = (PEAK_RSS_CODE +
+           "import sys\n"
            "from rnntrain.cli import main\n"
            "rc = main(sys.argv[1:])\n"
-           "print('BENCH_MAXRSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,\n"
-           "      file=sys.stderr)\n"
+           "print('BENCH_MAXRSS_KB', _peak_rss_kb(), file=sys.stderr)\n"
            "sys.exit(rc)\n")
 
 
