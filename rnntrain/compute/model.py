@@ -124,13 +124,14 @@ class CTCModel(nn.Module):
 
 def estimate_params(mcfg, input_size: int, num_labels: int) -> int:
     """Parameters of ``build_model(mcfg, ...)`` from the config alone (no allocation):
-    per layer and direction 4H(F+H) weights, 8H biases (plus 3H peepholes), then the
-    output layer. Matches count_params for the lstm cell (tested)."""
+    per layer and direction 4H(F+H) weights and 8H biases (peephole cell: 4H biases and
+    3H peepholes), then the output layer. Equals count_params of the built model (tested)."""
     dirs = 2 if mcfg.bidirectional else 1
     size, n = input_size * mcfg.subsample, 0
     for _ in range(mcfg.layers):
-        n += dirs * (4 * mcfg.hidden * (size + mcfg.hidden) + 8 * mcfg.hidden
-                     + (3 * mcfg.hidden if mcfg.cell == "peephole" else 0))
+        # nn.LSTM: two bias vectors of 4H; the peephole cell: one, and 3H peepholes
+        n += dirs * (4 * mcfg.hidden * (size + mcfg.hidden)
+                     + (7 if mcfg.cell == "peephole" else 8) * mcfg.hidden)
         size = mcfg.hidden * dirs
     return n + size * (num_labels + 1) + num_labels + 1
 
