@@ -265,14 +265,16 @@ def existing_run(run_dir: Path) -> str | None:
             f"...); continue it with --resume, or choose another run.dir")
 
 
-def remove_stale_temps(folder: Path):
-    """Temp files of writes interrupted by a crash (never valid checkpoints or logs).
+def remove_stale_temps(folder: Path, names: tuple[str, ...] = ("*.pt",)):
+    """Temp files (``.NAME.tmpPID``, NAME matching ``names``) of writes interrupted by a
+    crash: never valid checkpoints or logs.
 
     Only call this holding the run lock (``runlog.claim_run_folder``): a live run's temp
     file is the checkpoint it is writing right now.
     """
     folder = Path(folder)
     if folder.is_dir():
-        for p in folder.glob(".*.tmp*"):
-            if p.is_file():
-                p.unlink(missing_ok=True)
+        for name in names:
+            for p in folder.glob(f".{name}.tmp*"):
+                if p.is_file():
+                    p.unlink(missing_ok=True)

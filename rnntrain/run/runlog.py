@@ -122,7 +122,7 @@ def claim_run_folder(comm, run_dir: Path, resume: str | None) -> RunLock | None:
             why = None if resume else ckpt.existing_run(run_dir)
             if why is None:
                 ckpt.remove_stale_temps(Path(run_dir) / "checkpoints")
-                ckpt.remove_stale_temps(Path(run_dir))
+                ckpt.remove_stale_temps(Path(run_dir), ("config.toml", "status.json"))
         except UserError as e:
             why = str(e)
     why = comm.bcast_obj(why)
