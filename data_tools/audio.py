@@ -41,10 +41,16 @@ class Entry:
 
 def read_list(list_path) -> list[Entry]:
     lp = Path(list_path)
-    if not lp.is_file():
-        raise UserError(f"{lp}: list file not found")
+    from rnntrain.errors import check_regular_file
+    check_regular_file(lp, "list file")
+    data = lp.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{lp} line {data[:e.start].count(b'\n') + 1}: not UTF-8 text (byte "
+                        f"0x{data[e.start]:02x})") from None
     out = []
-    for n, raw in enumerate(lp.read_text(encoding="utf-8").splitlines(), 1):
+    for n, raw in enumerate(text.splitlines(), 1):
         if not raw.strip() or raw.lstrip().startswith("#"):
             continue
         if "\t" not in raw:

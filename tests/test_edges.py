@@ -543,3 +543,15 @@ def test_mpi_abort_leaves_status_failed_with_the_reason(tmp_path, synth_pair):
     st = json.loads((run / "status.json").read_text())
     assert st["status"] == "failed", st
     assert "rank 1 of 2" in st["error"] and "injected fault at step 3" in st["error"]
+
+
+def test_audio_list_not_utf8_or_fifo(tmp_path):
+    from data_tools.audio import read_list
+    bad = tmp_path / "l.tsv"
+    bad.write_bytes(b"a.wav\tyes\nb\xff.wav\tno\n")
+    with pytest.raises(UserError, match=r"l.tsv line 2: not UTF-8"):
+        read_list(bad)
+    fifo = tmp_path / "l.fifo"
+    os.mkfifo(fifo)
+    with alarm(10), pytest.raises(UserError, match="FIFO"):
+        read_list(fifo)
