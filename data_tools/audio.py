@@ -47,8 +47,9 @@ def read_list(list_path) -> list[Entry]:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise UserError(f"{lp} line {data[:e.start].count(b'\n') + 1}: not UTF-8 text (byte "
-                        f"0x{data[e.start]:02x})") from None
+        line = data[:e.start].count(b"\n") + 1
+        raise UserError(f"{lp} line {line}: not UTF-8 text (byte 0x{data[e.start]:02x})"
+                        ) from None
     out = []
     for n, raw in enumerate(text.splitlines(), 1):
         if not raw.strip() or raw.lstrip().startswith("#"):
