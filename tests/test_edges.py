@@ -309,6 +309,7 @@ def test_zero_sequences_in_train_eval_inspect(tmp_path, tiny_run):
     zero = _zero_seq_nc(tmp_path / "zero.nc")
     p = run_cli("rnntrain", "train", config(tmp_path, zero), f"run.dir={tmp_path / 'r'}")
     assert_clean_error(p, str(zero), "numSeqs", "no sequences")
+    assert not (tmp_path / "r").exists(), "bad data must not leave a run folder behind"
     p = run_cli("rnntrain", "eval", tiny_run[1] / "checkpoints" / "last.pt", zero)
     assert_clean_error(p, str(zero), "no sequences")
     p = run_cli("data_tools", "inspect", zero)

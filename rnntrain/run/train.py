@@ -48,20 +48,18 @@ def describe_skipped(ds: Dataset, keep: np.ndarray, what: str) -> str:
 
 
 def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str | None = None):
-    """Train under ``cfg``; returns the run folder. The folder is locked for the whole run
-    (rank 0 holds it): a second training on it stops at once."""
-    comm = dist.init(cfg.dist)
-    run_dir = Path(cfg.run.dir) if cfg.run.dir else default_run_dir(
-        cfg.run.name or config_path, list(overrides), to_toml(cfg))
-    lock = claim_run_folder(comm, run_dir, resume)
+    """Train under ``cfg``; returns the run folder. The folder is locked from before its
+    first write until the run ends (rank 0 holds it): a second training on it stops at
+    once."""
+    locks: list = []  # the run folder's lock, once _train has claimed it
     try:
-        return _train(cfg, config_path, overrides, resume, run_dir)
+        return _train(cfg, config_path, overrides, resume, locks)
     finally:
-        if lock is not None:
+        for lock in locks:
             lock.release()
 
 
-def _train(cfg: Config, config_path, overrides, resume, run_dir: Path):
+def _train(cfg: Config, config_path, overrides, resume, locks: list):
     comm = dist.init(cfg.dist)
     trace.attach(comm)  # aligns the ranks' clocks when --trace is on
     tc, rank = cfg.train, comm.rank
@@ -85,13 +83,18 @@ def _train(cfg: Config, config_path, overrides, resume, run_dir: Path):
     keep = train_ds.feasible(cfg.model.subsample)
     val_keep = val_ds.feasible(cfg.model.subsample) if val_ds is not None else None
 
-    # ---- run folder (rank 0 writes; resolved config saved for reproducibility)
+    # ---- run folder (rank 0 locks it and writes; resolved config saved for reproducibility)
+    resolved = to_toml(cfg)
+    run_dir = Path(cfg.run.dir) if cfg.run.dir else default_run_dir(
+        cfg.run.name or config_path, list(overrides), resolved)
+    # never two live runs in one folder; never overwrite (and prune) another run's checkpoints
+    locks += [lock for lock in [claim_run_folder(comm, run_dir, resume)] if lock]
     log = RunLog(run_dir if rank == 0 else None)
     if rank == 0:  # an MPI abort ends this process without the finally below
         dist.on_abort(lambda msg: log.set_status("failed", epoch=state["epoch"],
                                                  step=state["step"], error=msg))
     state = {"epoch": 0, "pos": 0, "step": 0}
-    log.write_text("config.toml", to_toml(cfg))
+    log.write_text("config.toml", resolved)
     if comm.size > 1:
         log.info(comm.roster())
     if not keep.all():
