@@ -8,8 +8,9 @@ markdown goes to stdout unless ``--out`` is given.
 
 Each section runs in its own fresh process (``run(quick)`` of its module) under a time
 budget, so one section's threads, memory and imports cannot disturb the next; a section
-that fails or runs out of time is reported in the document, not fatal. The whole suite
-stays within 15 minutes on the 2-core development machine.
+that fails or runs out of time is reported in the document, not fatal. The throughput
+sections stay within 15 minutes on the 2-core development machine; time to accuracy
+(first) takes up to 30 more.
 """
 from __future__ import annotations
 
@@ -21,11 +22,15 @@ import sys
 import time
 from pathlib import Path
 
+from rnntrain.fsutil import atomic_write
+
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
 
-# (module, title, time budget in seconds on 2 cores); the budgets sum to <= 15 minutes
+# (module, title, time budget in seconds on 2 cores); time to accuracy first (the figure a
+# user cares about), then the throughput sections within 15 minutes
 SECTIONS = [
+    ("accuracy", "Time to accuracy", 1800),
     ("plain_loop", "rnntrain vs a plain PyTorch loop", 330),
     ("flops", "Useful-FLOP rate and memory", 150),
     ("threads", "Thread scaling", 80),
@@ -35,7 +40,7 @@ SECTIONS = [
     ("gpu", "GPU", 15),
     ("checkpoint", "Checkpoint", 40),
 ]
-TOTAL_BUDGET_S = 15 * 60
+TOTAL_BUDGET_S = 45 * 60
 NOT_SECTIONS = {"__init__", "__main__", "workloads"}
 
 
@@ -154,9 +159,7 @@ def main(argv=None) -> int:
     markdown = "\n".join(doc)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(out).with_suffix(".tmp")
-        tmp.write_text(markdown)
-        os.replace(tmp, out)
+        atomic_write(out, markdown)
         print(f"bench: wrote {out} in {total:.0f} s", file=sys.stderr)
     else:
         print(markdown)

@@ -146,7 +146,7 @@ def run(quick: bool = False) -> str:
         "kernel gains less, and small tasks (long sequences, few per batch) lose more.",
         f"- peephole row: {'30' if quick else '80'} sequences, both cells in rnntrain with "
         "the same config; the peephole cell runs a Python-level time loop with a "
-        "hand-written backward (`rnntrain/peephole.py`).", ""])
+        "hand-written backward (`rnntrain/compute/peephole.py`).", ""])
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ class Sequences(torch.utils.data.Dataset):
 
     def __init__(self, path):
         from rnntrain.data.ncdata import read_file
-        from rnntrain.compute.model import min_frames
+        from rnntrain.data.dataset import min_frames
         h, frames = read_file(str(path))
         keep = [i for i in range(h.num_seqs) if h.lengths[i] >= min_frames(h.targets[i])]
         self.frames = [torch.from_numpy(np.ascontiguousarray(frames[i])) for i in keep]

@@ -72,35 +72,19 @@ def _metrics(run_dir: Path) -> dict:
     return out
 
 
+# our sharding (length-grouped global batches dealt across ranks) vs the naive random one
+# (each rank batches its own random 1/N of the data): ``train.plan`` strategies
+STRATEGY = {"ours": "auto", "random": "random"}
+
+
 def _train(n: int, config: Path, run_dir: Path, *overrides: str, sharding: str = "ours"):
-    args = ["-m", "bench.ranks", "--train-worker", sharding, "train", str(config),
-            f"run.dir={run_dir}", *overrides]
+    args = ["-m", "rnntrain", "train", str(config), f"run.dir={run_dir}",
+            f"train.plan={STRATEGY[sharding]}", *overrides]
     t0 = time.perf_counter()
     _launch(n, args)
     m = _metrics(run_dir)
     m["wall_s"] = time.perf_counter() - t0
     return m
-
-
-# ---- random sharding for the straggler comparison (the naive alternative to ours)
-
-def random_shard_plan(ds, keep, batch_frames, seed, epoch, rank=0, world=1, shuffle=True,
-                      round_lengths=0):
-    """Each rank takes a random 1/world of the sequences and batches them alone under
-    batch_frames/world; all ranks stop at the shortest plan (equal steps)."""
-    from rnntrain.data.plan import Step, group_by_length, rng_for
-    perm = rng_for(seed, 991).permutation(ds.num_seqs)
-    plans = []
-    for r in range(world):
-        mine = np.zeros(ds.num_seqs, bool)
-        mine[perm[r::world]] = True
-        assert len(ds.chunks) == 1, "bench data is one chunk"
-        batches = group_by_length(np.flatnonzero(keep & mine), ds.lengths,
-                                  max(1, batch_frames // world), rng_for(seed, epoch, r))
-        order = rng_for(seed, epoch, r, 1).permutation(len(batches))
-        plans.append([Step(0, tuple(int(s) for s in batches[i])) for i in order])
-    n = min(len(p) for p in plans)
-    return plans[rank][:n]
 
 
 def frame_imbalance(plans: list[list], lengths: np.ndarray) -> float:
@@ -118,8 +102,8 @@ def _imbalance(data: Path, batch_frames: int, world: int, sharding: str) -> floa
     from rnntrain.data.plan import make_plan
     ds = Dataset.open(str(data), 2_000_000)
     keep = ds.feasible(1)
-    fn = make_plan if sharding == "ours" else random_shard_plan
-    return frame_imbalance([fn(ds, keep, batch_frames, 1, 0, r, world) for r in range(world)],
+    return frame_imbalance([make_plan(ds, keep, batch_frames, 1, 0, r, world,
+                                      strategy=STRATEGY[sharding]) for r in range(world)],
                            ds.lengths)
 
 
@@ -358,12 +342,6 @@ def run(quick: bool = False) -> str:
 def _main(argv: list[str]):
     if argv[:1] == ["--exchange-worker"]:
         exchange_worker(argv[1], argv[2], int(argv[3]))
-    elif argv[:1] == ["--train-worker"]:
-        from rnntrain import cli
-        if argv[1] == "random":
-            import rnntrain.run.train
-            rnntrain.run.train.make_plan = random_shard_plan
-        sys.exit(cli.main(argv[2:]))
     else:
         print(run(quick="--quick" in argv))
 

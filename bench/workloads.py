@@ -130,6 +130,21 @@ def machine() -> dict:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
+    return {"cpu": f"{cpu} [{cpu_flags()}]", "cores": os.cpu_count(), "torch": torch.__version__,
             "threads": torch.get_num_threads(), "python": platform.python_version(),
             "numpy": np.__version__}
+
+
+def cpu_flags() -> str:
+    """The CPU features that change our figures: AMX (Intel) and AVX-512 bf16 (both)."""
+    try:
+        flags = next((ln.split(":", 1)[1].split() for ln in
+                      Path("/proc/cpuinfo").read_text().splitlines()
+                      if ln.startswith("flags")), [])
+    except OSError:
+        return "flags unknown"
+    amx = any(f.startswith("amx") for f in flags)
+    return ", ".join([("AMX" if amx else "no AMX"),
+                      ("avx512_bf16" if "avx512_bf16" in flags else "no avx512_bf16"),
+                      ("avx512f" if "avx512f" in flags else "no avx512f")])
+

@@ -25,7 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from rnntrain.errors import UserError
+from rnntrain.data import ncdata
 from rnntrain.data.ncdata import NcWriter
+from rnntrain.fsutil import atomic_write
 
 from . import features as feat
 
@@ -157,8 +159,7 @@ class ArraySource:
             raise UserError(f"{path}: has {x.shape[1]} features per frame, the first file "
                             f"had {self.size}")
         x = x.astype(np.float32)
-        if not np.isfinite(x).all():
-            bad = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
+        if (bad := ncdata.first_nonfinite_row(x)) is not None:
             raise UserError(f"{path}: NaN or Inf in frame {bad}")
         return x
 
@@ -208,12 +209,10 @@ class Stats:
     def save(self, path):
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps({
+        atomic_write(p, json.dumps({
             "version": STATS_VERSION, "source": self.source, "labels": self.labels,
             "frames": self.frames, "mean": self.mean.tolist(), "std": self.std.tolist()},
             indent=1))
-        os.replace(tmp, p)
 
     @classmethod
     def load(cls, path) -> "Stats":

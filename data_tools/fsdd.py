@@ -52,12 +52,6 @@ def index_recordings(root, takes: tuple[int, int]) -> dict[str, dict[str, list[P
     return out
 
 
-def take_of(name: str) -> int:
-    m = NAME.match(Path(name).name)
-    assert m, name
-    return int(m.group(3))
-
-
 def make_strings(recordings, split: str, count: int, digits: tuple[int, int], seed: int,
                  out, takes: tuple[int, int] | None = None, progress: bool = True) -> Path:
     """Write ``count`` strings; returns the path of list.tsv."""

@@ -70,7 +70,7 @@ def nonfinite_report(ds: Dataset, problems: list[str]) -> list[str]:
 def manifest_report(ds: Dataset, problems: list[str]) -> list[str]:
     """Checksums of every chunk, frames and length profile per shard, order warnings."""
     from rnntrain.errors import UserError
-    from rnntrain.data.manifest import verify_chunk
+    from rnntrain.data.dataset import verify_chunk
     bad = []
     for c in ds.chunks:
         try:

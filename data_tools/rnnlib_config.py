@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rnntrain.config import toml_value
 from rnntrain.errors import UserError
 
 # keys that only affect RNNLIB's console output, debugging or its weight files
@@ -79,14 +80,6 @@ def _num(value: str, key: str, source: str, typ=float):
         return typ(value) if typ is float else int(float(value))
     except ValueError:
         raise UserError(f"{source}: {key} {value!r} is not a number") from None
-
-
-def _toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return repr(v)
 
 
 def _mean_length(path: str, base: Path | None) -> float | None:
@@ -253,7 +246,7 @@ def convert(entries: dict[str, str], source: str = "config",
             continue
         lines.append(f"[{section}]")
         for key, (value, why) in values.items():
-            lines.append(f"{key} = {_toml_value(value)}" + (f"  # {why}" if why else ""))
+            lines.append(f"{key} = {toml_value(value)}" + (f"  # {why}" if why else ""))
         lines.append("")
     return "\n".join(lines), warn
 

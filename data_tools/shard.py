@@ -7,7 +7,7 @@ stay sorted (``--within sorted``, ours: the plan groups them into batches by len
 shuffles the order of batches) or are shuffled (``--within shuffle``, the RNNLIB recipe).
 Each shard is cut into chunk files in RNNLIB layout at the same positions in every shard
 (so chunk c of every shard covers the same length class), then ``index.npz`` and, last,
-``manifest.json`` are written (see ``rnntrain.manifest``).
+``manifest.json`` are written (see ``rnntrain.data.manifest``).
 
 Memory: the length, target and tag arrays of the whole corpus plus one output chunk of
 frames; frames are read sequence by sequence from the open inputs.
@@ -25,7 +25,8 @@ import numpy as np
 from rnntrain.data import ncdata
 from rnntrain.data.dataset import Chunk, Dataset
 from rnntrain.errors import DataError, UserError
-from rnntrain.data.manifest import FORMAT, VERSION, sha256_file
+from rnntrain.data.manifest import FORMAT, VERSION
+from rnntrain.fsutil import atomic_write, sha256_file
 from rnntrain.data.plan import rng_for
 
 
@@ -291,22 +292,13 @@ def write_index(path: Path, corpus: Corpus, order: np.ndarray) -> dict:
     tl = np.array([len(corpus.targets[i]) for i in order], dtype=np.int64)
     flat = (np.concatenate([corpus.targets[i] for i in order]) if len(order)
             else np.zeros(0, np.int32)).astype(np.int32)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        np.savez(fh, lengths=corpus.lengths[order].astype(np.int64),
-                 target_offsets=np.concatenate([[0], np.cumsum(tl)]).astype(np.int64),
-                 targets=flat, tags=np.array([corpus.tags[i] for i in order], dtype=str))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, lambda fh: np.savez(
+        fh, lengths=corpus.lengths[order].astype(np.int64),
+        target_offsets=np.concatenate([[0], np.cumsum(tl)]).astype(np.int64),
+        targets=flat, tags=np.array([corpus.tags[i] for i in order], dtype=str)))
     return {"file": path.name, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
 def write_json_atomic(path: Path, obj: dict):
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(obj, indent=1))
 

@@ -8,6 +8,7 @@
 # the 500 test strings takes 0-4 (FSDD's test split) with a seed used nowhere else.
 # Generated WAVs and .nc files go to data/fsdd/, the run to runs/fsdd_digits/.
 # Extra arguments after DATA_ROOT are passed to `rnntrain train` as overrides.
+# DATA_ONLY=1 makes the data and stops (python -m bench accuracy uses it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA_ROOT="${1:-${RNNTRAIN_DATA:-../shared/data}}"
@@ -32,6 +33,7 @@ if [ ! -f "$OUT/test.nc" ]; then
         "$PY" -m data_tools audio --list "$OUT/$s/list.tsv" --out "$OUT/$s.nc" --stats "$OUT/stats.json"
     done
 fi
+[ "${DATA_ONLY:-0}" = 1 ] && exit 0   # DATA_ONLY=1: make the data, train nothing
 
 RUN=runs/fsdd_digits
 if [ -e "$RUN/checkpoints/last.pt" ]; then

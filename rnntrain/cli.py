@@ -36,8 +36,7 @@ def _load_for_eval(checkpoint: str, data: str, device: str):
     import torch
     from rnntrain.run import checkpoint as ckpt
     from rnntrain.config import config_from_dict
-    from rnntrain.data.dataset import Dataset
-    from rnntrain.errors import DataError
+    from rnntrain.data.dataset import Dataset, check_fits
     from rnntrain.compute.model import build_model
     from rnntrain.compute.device import pick_device
     ck = ckpt.load(checkpoint, need=ckpt.MODEL_KEYS)
@@ -46,11 +45,7 @@ def _load_for_eval(checkpoint: str, data: str, device: str):
     except UserError as e:
         raise UserError(f"{checkpoint}: its config does not fit this rnntrain ({e})") from None
     ds = Dataset.open(data, cfg.data.chunk_frames)
-    if ds.input_size != ck["input_size"]:
-        raise DataError(data, f"inputPattSize {ds.input_size} differs from the checkpoint's "
-                              f"({ck['input_size']})")
-    if ds.labels != ck["labels"]:
-        raise DataError(data, "alphabet differs from the checkpoint's", var="labels")
+    check_fits(ds, ck["labels"], ck["input_size"], "the checkpoint's")
     dev = pick_device(device)
     model = build_model(cfg.model, ck["input_size"], len(ck["labels"]))
     try:
@@ -59,7 +54,6 @@ def _load_for_eval(checkpoint: str, data: str, device: str):
         raise UserError(f"{checkpoint}: its weights do not fit its own [model] section "
                         f"({(str(e).splitlines() or [type(e).__name__])[0][:200]})") from None
     model.to(dev)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     return cfg, ds, model, dev
 
 
@@ -101,17 +95,11 @@ def _cmd_decode(args) -> int:
     if not args.out:
         sys.stdout.writelines(lines)
         return 0
-    # temp file + rename: an interrupted decode never leaves a partial file under the name
-    tmp = f"{args.out}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w") as fh:
-            fh.writelines(lines)
-        os.replace(tmp, args.out)
+    from rnntrain.fsutil import atomic_write
+    try:  # an interrupted decode never leaves a partial file under the name
+        atomic_write(args.out, "".join(lines))
     except OSError as e:
         raise UserError(f"cannot write {args.out} ({e.strerror})") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return 0
 
 

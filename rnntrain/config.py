@@ -8,13 +8,36 @@ component receives only its own section.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from rnntrain.errors import ConfigError, check_regular_file
+
+
+# Limits live next to their fields: ``field(metadata=...)`` with "gt" / "ge" / "lt" bounds
+# (``positive`` / ``non_negative`` below); choices are ``Literal`` types. ``validate``
+# reads both from the dataclasses, so a new key needs no second table.
+# "finite": inf passes "> 0", and a learning rate of inf turns every weight into NaN at the
+# first step (inf is kept where it means "never": every_minutes, timeout_s).
+def positive(default, finite: bool = False):
+    return field(default=default, metadata={"gt": 0, "finite": finite})
+
+
+def non_negative(default, finite: bool = False):
+    return field(default=default, metadata={"ge": 0, "finite": finite})
+
+
+Cell = Literal["lstm", "peephole"]
+Optimizer = Literal["adam", "sgd"]
+Normalize = Literal["sum", "sequences", "frames"]
+Schedule = Literal["constant", "cosine", "step"]
+Precision = Literal["fp32", "bf16", "fp16"]
+PlanStrategy = Literal["auto", "length", "sharded", "random"]
+ExchangeMode = Literal["allreduce", "master"]
 
 
 @dataclass
@@ -22,65 +45,66 @@ class DataConfig:
     train: str = ""              # .nc file or dataset manifest.json
     val: str = ""                # validation set (same alphabet and inputPattSize)
     test: str = ""               # optional: scored with the best checkpoint after training
-    chunk_frames: int = 2_000_000  # virtual chunk size when a single .nc file is given
+    chunk_frames: int = positive(2_000_000)  # virtual chunk size when a single .nc file is given
 
 
 @dataclass
 class ModelConfig:
-    layers: int = 2
-    hidden: int = 128            # units per direction
+    layers: int = positive(2)
+    hidden: int = positive(128)  # units per direction
     bidirectional: bool = True
-    subsample: int = 1           # stack this many frames into one (speech: 3 is typical)
-    cell: str = "lstm"           # "lstm" (cuDNN/oneDNN) or "peephole" (RNNLIB's cell)
-    dropout: float = 0.0         # between layers
+    subsample: int = positive(1)  # stack this many frames into one (speech: 3 is typical)
+    cell: Cell = "lstm"          # "lstm" (cuDNN/oneDNN) or "peephole" (RNNLIB's cell)
+    dropout: float = field(default=0.0, metadata={"ge": 0, "lt": 1, "finite": True})
 
 
 @dataclass
 class OptimConfig:
-    name: str = "adam"           # "adam" or "sgd" (RNNLIB: sgd, lr 1e-4, momentum 0.9, sum)
-    lr: float = 1e-3
-    momentum: float = 0.9        # sgd only
-    weight_decay: float = 0.0
-    clip_norm: float = 0.0       # global gradient-norm clipping; 0 = off
-    normalize: str = "sequences"  # loss normalisation: "sum" (RNNLIB), "sequences", "frames"
-    schedule: str = "constant"   # "constant", "cosine", "step"
-    warmup_steps: int = 0
-    step_epochs: int = 10        # "step" schedule: multiply lr by step_gamma every N epochs
-    step_gamma: float = 0.5
-    min_lr: float = 0.0          # "cosine" schedule floor
+    name: Optimizer = "adam"     # "adam" or "sgd" (RNNLIB: sgd, lr 1e-4, momentum 0.9, sum)
+    lr: float = positive(1e-3, finite=True)
+    momentum: float = non_negative(0.9, finite=True)      # sgd only
+    weight_decay: float = non_negative(0.0, finite=True)
+    clip_norm: float = non_negative(0.0, finite=True)     # global gradient-norm clipping; 0 = off
+    normalize: Normalize = "sequences"  # loss normalisation: "sum" (RNNLIB), "sequences", "frames"
+    schedule: Schedule = "constant"
+    warmup_steps: int = non_negative(0)
+    step_epochs: int = positive(10)  # "step" schedule: multiply lr by step_gamma every N epochs
+    step_gamma: float = field(default=0.5, metadata={"finite": True})
+    min_lr: float = non_negative(0.0, finite=True)        # "cosine" schedule floor
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = 10
-    batch_frames: int = 8000     # padded frames per (global) batch
-    seed: int = 1
-    input_noise: float = 0.0     # Gaussian noise std added to inputs (RNNLIB inputNoiseDev)
-    threads: int = 0             # worker threads; 0 = fill this rank's cores (cores / intra_threads)
-    intra_threads: int = 1       # torch intra-op threads per worker (one process-wide setting)
-    tasks_per_worker: int = 2    # micro-batches per worker per batch (load balance)
-    device: str = "auto"         # "auto", "cpu", "cuda", "cuda:N"
-    precision: str = "fp32"      # "fp32", "bf16", "fp16" (CUDA autocast; CTC stays fp32)
-    round_lengths: int = 0       # pad batches to a ladder of N lengths per doubling; 0 = off
+    epochs: int = positive(10)
+    batch_frames: int = positive(8000)       # padded frames per (global) batch
+    seed: int = non_negative(1)
+    input_noise: float = non_negative(0.0, finite=True)   # Gaussian noise std added to inputs (RNNLIB inputNoiseDev)
+    threads: int = non_negative(0)   # worker threads; 0 = fill this rank's cores (cores / intra_threads)
+    intra_threads: int = positive(1)  # torch intra-op threads per worker (one process-wide setting)
+    tasks_per_worker: int = positive(2)      # micro-batches per worker per batch (load balance)
+    device: str = "auto"         # "auto", "cpu", "cuda", "cuda:N" (checked by check_device)
+    precision: Precision = "fp32"  # CUDA autocast (fp16 needs CUDA); CTC stays fp32
+    round_lengths: int = non_negative(0)  # pad batches to a ladder of N lengths per doubling; 0 = off
+    plan: PlanStrategy = "auto"  # epoch planner (rnntrain.data.plan): auto = sharded for manifests
     deterministic: bool = True   # CUDA: deterministic cuDNN kernels (CPU always is)
-    max_bad_steps: int = 5       # NaN/Inf steps in a row before the run stops
-    patience: int = 0            # stop after N validations without improvement; 0 = never
-    log_every: int = 20          # steps between metric lines
-    val_every_epochs: int = 1
+    max_bad_steps: int = positive(5)         # NaN/Inf steps in a row before the run stops
+    patience: int = non_negative(0)  # stop after N validations without improvement; 0 = never
+    log_every: int = positive(20)            # steps between metric lines
+    val_every_epochs: int = positive(1)
 
 
 @dataclass
 class CheckpointConfig:
-    every_steps: int = 0         # 0 = only at epoch ends
-    every_minutes: float = 10.0
-    keep_last: int = 2
+    every_steps: int = non_negative(0)       # 0 = only at epoch ends
+    every_minutes: float = non_negative(10.0)
+    keep_last: int = positive(2)
 
 
 @dataclass
 class DistConfig:
-    mode: str = "allreduce"      # "allreduce" or "master"
-    wire: str = "fp32"           # gradient wire format: "fp32", "bf16", "fp16"
-    timeout_s: float = 120.0     # a rank that does not arrive within this is reported dead
+    mode: ExchangeMode = "allreduce"
+    wire: Precision = "fp32"     # gradient wire format
+    timeout_s: float = positive(120.0)  # a rank that does not arrive within this is reported dead
 
 
 @dataclass
@@ -100,30 +124,24 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
 
 
-CHOICES = {
-    ("model", "cell"): ("lstm", "peephole"),
-    ("optim", "name"): ("adam", "sgd"),
-    ("optim", "normalize"): ("sum", "sequences", "frames"),
-    ("optim", "schedule"): ("constant", "cosine", "step"),
-    ("train", "precision"): ("fp32", "bf16", "fp16"),
-    ("dist", "mode"): ("allreduce", "master"),
-    ("dist", "wire"): ("fp32", "bf16", "fp16"),
-}
-POSITIVE = {("model", "layers"), ("model", "hidden"), ("model", "subsample"),
-            ("optim", "lr"), ("train", "epochs"), ("train", "batch_frames"),
-            ("train", "intra_threads"), ("train", "tasks_per_worker"), ("train", "log_every"),
-            ("train", "max_bad_steps"), ("train", "val_every_epochs"),
-            ("data", "chunk_frames"), ("dist", "timeout_s"), ("checkpoint", "keep_last"),
-            ("optim", "step_epochs")}
-# inf passes "> 0": a learning rate of inf turns every weight into NaN at the first step
-FINITE = {("optim", "lr"), ("optim", "momentum"), ("optim", "weight_decay"),
-          ("optim", "clip_norm"), ("optim", "min_lr"), ("optim", "step_gamma"),
-          ("train", "input_noise"), ("model", "dropout")}
-NON_NEGATIVE = {("optim", "momentum"), ("optim", "weight_decay"), ("optim", "clip_norm"),
-                ("optim", "warmup_steps"), ("optim", "min_lr"), ("train", "input_noise"),
-                ("train", "threads"), ("train", "patience"), ("checkpoint", "every_steps"),
-                ("checkpoint", "every_minutes"), ("model", "dropout"), ("train", "seed"),
-                ("train", "round_lengths")}
+def choices(typ) -> tuple[str, ...] | None:
+    """The allowed values of a ``Literal`` type (None for other types)."""
+    return get_args(typ) if get_origin(typ) is Literal else None
+
+
+def check_choice(value, typ, key: str):
+    """``value`` must be one of the Literal ``typ``'s values: ConfigError listing them."""
+    allowed = choices(typ)
+    if value not in allowed:
+        raise ConfigError(f"{key} = {value!r}; choose one of {', '.join(allowed)}")
+    return value
+
+
+def check_device(name: str, key: str = "train.device") -> str:
+    """``auto`` | ``cpu`` | ``cuda`` | ``cuda:N``: ConfigError otherwise."""
+    if not (name in ("auto", "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit())):
+        raise ConfigError(f"{key} = {name!r}; choose auto, cpu, cuda or cuda:N")
+    return name
 
 
 def _valid_keys(obj) -> str:
@@ -132,6 +150,8 @@ def _valid_keys(obj) -> str:
 
 def _coerce(section: str, key: str, value: Any, typ) -> Any:
     name = f"{section}.{key}"
+    if choices(typ):  # a Literal: its values' type here, the value itself in validate
+        typ = type(choices(typ)[0])
     if typ is bool:
         if isinstance(value, bool):
             return value
@@ -178,36 +198,28 @@ def parse_override(text: str) -> tuple[str, str, Any]:
 
 
 def validate(cfg: Config):
-    for (sec, key), choices in CHOICES.items():
-        v = getattr(getattr(cfg, sec), key)
-        if v not in choices:
-            raise ConfigError(f"{sec}.{key} = {v!r}; choose one of {', '.join(choices)}")
-    for sec, key in POSITIVE:
-        v = getattr(getattr(cfg, sec), key)
-        if not v > 0:
-            raise ConfigError(f"{sec}.{key} = {v!r} must be > 0")
-    for sec, key in NON_NEGATIVE:
-        v = getattr(getattr(cfg, sec), key)
-        if not v >= 0:
-            raise ConfigError(f"{sec}.{key} = {v!r} must be >= 0")
-    for sec, key in FINITE:
-        v = getattr(getattr(cfg, sec), key)
-        if not math.isfinite(v):
-            raise ConfigError(f"{sec}.{key} = {v!r} must be a finite number")
-    for f in fields(cfg):
-        for g in fields(getattr(cfg, f.name)):
-            v = getattr(getattr(cfg, f.name), g.name)
+    """Choices and limits of every field (read from the dataclasses), then cross-checks."""
+    for sec in fields(cfg):
+        section = getattr(cfg, sec.name)
+        hints = get_type_hints(type(section))
+        for f in fields(section):
+            key, v = f"{sec.name}.{f.name}", getattr(section, f.name)
+            if choices(hints[f.name]):
+                check_choice(v, hints[f.name], key)
+            if "gt" in f.metadata and not v > f.metadata["gt"]:
+                raise ConfigError(f"{key} = {v!r} must be > {f.metadata['gt']}")
+            if "ge" in f.metadata and not v >= f.metadata["ge"]:
+                raise ConfigError(f"{key} = {v!r} must be >= {f.metadata['ge']}")
+            if "lt" in f.metadata and not v < f.metadata["lt"]:
+                raise ConfigError(f"{key} = {v!r} must be < {f.metadata['lt']}")
+            if f.metadata.get("finite") and not math.isfinite(v):
+                raise ConfigError(f"{key} = {v!r} must be a finite number")
             if isinstance(v, str):
                 try:
                     v.encode("utf-8")
                 except UnicodeEncodeError:  # undecodable bytes from the command line
-                    raise ConfigError(f"{f.name}.{g.name} = {v!r} is not valid UTF-8 text"
-                                      ) from None
-    if cfg.model.dropout >= 1:
-        raise ConfigError(f"model.dropout = {cfg.model.dropout} must be < 1")
-    dev = cfg.train.device
-    if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
-        raise ConfigError(f"train.device = {dev!r}; choose auto, cpu, cuda or cuda:N")
+                    raise ConfigError(f"{key} = {v!r} is not valid UTF-8 text") from None
+    check_device(cfg.train.device)
     if not cfg.data.train:
         raise ConfigError("data.train is not set (an RNNLIB .nc file or a manifest.json)")
 
@@ -218,12 +230,13 @@ def load_config(path: str | Path | None, overrides: list[str] = (), check: bool 
         p = Path(path)
         if not p.exists():
             raise ConfigError(f"config file not found: {p}")
-        check_regular_file(p, "config file", ConfigError)
+        check_regular_file(p, "config file", ConfigError)  # a FIFO would block the read
         try:
-            text = p.read_bytes().decode("utf-8")
+            data = p.read_bytes()
+            text = data.decode("utf-8")
         except UnicodeDecodeError as e:  # TOML is UTF-8 by definition
-            line = p.read_bytes()[:e.start].count(b"\n") + 1
-            raise ConfigError(f"{p}: not UTF-8 text (byte 0x{e.object[e.start]:02x} on line "
+            line = data[:e.start].count(b"\n") + 1
+            raise ConfigError(f"{p}: not UTF-8 text (byte 0x{data[e.start]:02x} on line "
                               f"{line}); TOML files must be UTF-8") from None
         except OSError as e:
             raise ConfigError(f"{p}: cannot read ({e.strerror or e})") from None
@@ -251,23 +264,13 @@ def to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
 
 
-_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n",
-                 "\f": "\\f", "\r": "\\r"}
-
-
-def toml_string(v: str) -> str:
-    """``v`` as a TOML basic string: quotes, backslashes and every control character
-    (which TOML does not allow raw: newline, tab, DEL, ...) escaped, so any run.name or
-    path reads back as itself."""
-    out = []
-    for ch in v:
-        if ch in _TOML_ESCAPES:
-            out.append(_TOML_ESCAPES[ch])
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\u{ord(ch):04X}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
+def toml_value(v) -> str:
+    """A Python bool, str, int or float as a TOML value."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):  # JSON's escapes are TOML's, but for DEL, which TOML escapes
+        return json.dumps(v, ensure_ascii=False).replace("\x7f", "\\u007f")
+    return repr(v)
 
 
 def to_toml(cfg: Config) -> str:
@@ -275,13 +278,6 @@ def to_toml(cfg: Config) -> str:
     lines = []
     for sec, values in to_dict(cfg).items():
         lines.append(f"[{sec}]")
-        for k, v in values.items():
-            if isinstance(v, bool):
-                s = "true" if v else "false"
-            elif isinstance(v, str):
-                s = toml_string(v)
-            else:
-                s = repr(v)
-            lines.append(f"{k} = {s}")
+        lines += [f"{k} = {toml_value(v)}" for k, v in values.items()]
         lines.append("")
     return "\n".join(lines)

@@ -91,7 +91,8 @@ def test_bad_validation_file(tmp_path, good_nc):
 def test_checkpoint_input_size_differs_on_resume(tmp_path, trained, good_nc):
     cfg, run = trained
     p = train(cfg, f"run.dir={run}", f"data.train={good_nc[1]}", "--resume", "auto")
-    assert_clean_error(p, "inputPattSize 3", str(good_nc[1]), "has 4")
+    assert_clean_error(p, str(good_nc[1]), "inputPattSize 4 differs from checkpoint",
+                       str(run / "checkpoints"), "(3)")
 
 
 def test_checkpoint_input_size_differs_on_eval(trained, good_nc):

@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from rnntrain.config import ModelConfig, OptimConfig
-from rnntrain.compute.model import CTCModel, min_frames, training_flops_per_frame
+from rnntrain.compute.model import CTCModel, training_flops_per_frame
+from rnntrain.data.dataset import min_frames
 from rnntrain.data.ncdata import read_header
 
 

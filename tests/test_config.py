@@ -45,6 +45,12 @@ def test_file_and_overrides(tmp_path):
     ("train.device=tpu", "train.device = 'tpu'"),
     ("model.bidirectional=1", "model.bidirectional must be bool"),
     ("hidden=3", "must look like section.key=value"),
+    ("train.plan=bogus", "train.plan = 'bogus'; choose one of auto, length, sharded, random"),
+    ("dist.wire=fp8", "dist.wire = 'fp8'; choose one of fp32, bf16, fp16"),
+    ("model.cell=7", "model.cell must be str, got int"),
+    ("model.dropout=1", "model.dropout = 1.0 must be < 1"),
+    ("train.threads=-1", "train.threads = -1 must be >= 0"),
+    ("checkpoint.keep_last=0", "checkpoint.keep_last = 0 must be > 0"),
 ])
 def test_config_errors(override, needle):
     with pytest.raises(ConfigError) as e:
@@ -68,3 +74,29 @@ def test_cli_reports_config_error_in_one_line(tmp_path):
     assert r.returncode == 2
     assert "unknown key train.epoch; valid keys of [train]: epochs" in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_choices_and_limits_live_on_the_fields():
+    """Every Literal field's default is one of its choices, and the limits that validate
+    applies are read from the fields themselves (a new field needs no second table)."""
+    import dataclasses
+    from typing import get_type_hints
+
+    from rnntrain.config import choices, validate
+    cfg = Config()
+    cfg.data.train = "x.nc"
+    validate(cfg)  # the defaults are valid
+    n_choice = n_limit = 0
+    for sec in dataclasses.fields(cfg):
+        section = getattr(cfg, sec.name)
+        hints = get_type_hints(type(section))
+        for f in dataclasses.fields(section):
+            if choices(hints[f.name]):
+                n_choice += 1
+                assert getattr(section, f.name) in choices(hints[f.name])
+            if f.metadata:
+                n_limit += 1
+                bad = f.metadata.get("gt", f.metadata.get("ge", 0)) - 1
+                with pytest.raises(ConfigError, match=f"{sec.name}.{f.name} = "):
+                    load_config(None, ["data.train=x.nc", f"{sec.name}.{f.name}={bad}"])
+    assert n_choice == 8 and n_limit >= 25

@@ -9,7 +9,8 @@ import torch
 
 from rnntrain.decode.score import ErrorCounts, edit_ops
 from rnntrain.decode.search import best_path, prefix_beam_search
-from rnntrain.compute.model import ctc_loss_sum, min_frames
+from rnntrain.compute.model import ctc_loss_sum
+from rnntrain.data.dataset import min_frames
 from tests.ctc_reference import ctc_grad_activations, ctc_loss
 
 

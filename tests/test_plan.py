@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from data_tools.shard import chunk_bounds, deal, metadata_dataset, shard_chunks
 from rnntrain.data.dataset import Dataset, virtual_chunks
 from rnntrain.errors import UserError
-from rnntrain.data.plan import chunk_order, make_plan, padding_ratio
+from rnntrain.data.plan import (PLANNERS, Step, chunk_order, group_by_length, make_plan,
+                                padding_ratio, remainder_note, rng_for)
 
 
 def speech_lengths(n: int, seed: int = 0) -> np.ndarray:
@@ -158,3 +159,78 @@ def test_real_manifest_plan(tmp_path, synth_pair):
     keep = ds.feasible(1)
     for world in (1, 2, 4):
         check_plans(ds, keep, world, 800)
+
+
+# ---- the strategies behind make_plan(strategy=...) / train.plan
+
+def naive_random_plan(ds, keep, batch_frames, seed, epoch, rank, world):
+    """The random baseline written out for one chunk, as the benchmark first had it:
+    rank r takes perm[r::world] and batches it alone; all ranks stop at the shortest."""
+    perm = rng_for(seed, 991).permutation(ds.num_seqs)
+    plans = []
+    for r in range(world):
+        mine = np.zeros(ds.num_seqs, bool)
+        mine[perm[r::world]] = True
+        batches = group_by_length(np.flatnonzero(keep & mine), ds.lengths,
+                                  max(1, batch_frames // world), rng_for(seed, epoch, r))
+        order = rng_for(seed, epoch, r, 1).permutation(len(batches))
+        plans.append([Step(0, tuple(int(s) for s in batches[i])) for i in order])
+    n = min(len(p) for p in plans)
+    return plans[rank][:n]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_random_strategy_one_chunk_matches_the_written_out_baseline(world):
+    lengths = speech_lengths(700, seed=4)
+    ds = single(lengths, 10**9)
+    keep = np.ones(700, bool)
+    keep[::11] = False
+    for r in range(world):
+        assert make_plan(ds, keep, 9000, 2, 1, r, world, strategy="random") == \
+            naive_random_plan(ds, keep, 9000, 2, 1, r, world)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_random_strategy_over_chunks(world):
+    """Several chunks (a sharded dataset too): equal step counts, disjoint, kept only,
+    each chunk visited once; the note counts exactly the sequences left out."""
+    lengths = speech_lengths(1600, seed=5)
+    for ds in (single(lengths, 50_000), sharded(lengths, 4, 100)):
+        keep = np.ones(ds.num_seqs, bool)
+        keep[::7] = False
+        plans = [make_plan(ds, keep, 12_000, 3, 0, r, world, strategy="random")
+                 for r in range(world)]
+        assert len({len(p) for p in plans}) == 1
+        ids = [s for p in plans for step in p for s in step.seqs]
+        assert len(ids) == len(set(ids)) and keep[ids].all()
+        for p in plans:
+            chunk_order(p)
+            for step in p:
+                assert set(step.seqs) <= set(ds.chunks[step.chunk].seqs.tolist())
+                assert len(step.seqs) * ds.lengths[list(step.seqs)].max() <= \
+                    max(12_000 // world, int(ds.lengths[list(step.seqs)].max()))
+        lost = int(keep.sum()) - len(ids)
+        note = remainder_note(ds, keep, world, "random", 12_000, 3)
+        if world == 1:
+            assert lost == 0 and note is None
+        else:
+            assert lost > 0 and f"leaves {lost} of {int(keep.sum())} sequences" in note
+
+
+def test_auto_strategy_and_unknown_names():
+    lengths = speech_lengths(900, seed=6)
+    one, many = single(lengths, 30_000), sharded(lengths, 4, 100)
+    keep = np.ones(900, bool)
+    for r in range(2):
+        assert make_plan(one, keep, 9000, 1, 0, r, 2) == \
+            make_plan(one, keep, 9000, 1, 0, r, 2, strategy="length")
+        assert make_plan(many, keep, 9000, 1, 0, r, 2) == \
+            make_plan(many, keep, 9000, 1, 0, r, 2, strategy="sharded")
+    # "length" plans a sharded dataset too (every rank reads every chunk)
+    check_plans_of = [make_plan(many, keep, 9000, 1, 0, r, 2, strategy="length")
+                      for r in range(2)]
+    assert sorted(s for p in check_plans_of for st_ in p for s in st_.seqs) == list(range(900))
+    with pytest.raises(UserError, match="plan strategy 'bogus'; choose one of auto, length, "
+                                        "sharded, random"):
+        make_plan(one, keep, 9000, 1, 0, strategy="bogus")
+    assert set(PLANNERS) == {"length", "sharded", "random"}

@@ -1,7 +1,7 @@
 """Exact resume, atomic checkpoints and stop signals, against real training subprocesses.
 
 A run is SIGKILLed at chosen steps (one of them inside a checkpoint write, using the
-``RNNTRAIN_TEST_PAUSE`` hook of ``rnntrain.faults``), resumed with ``--resume auto`` each
+``RNNTRAIN_TEST_PAUSE`` hook of ``rnntrain.run.faults``), resumed with ``--resume auto`` each
 time, and its final weights and optimizer state are compared with an uninterrupted run:
 bit-identical in deterministic mode, alone, with two worker threads and with 2 MPI ranks.
 """

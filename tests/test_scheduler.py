@@ -315,10 +315,10 @@ def test_bf16_cost_model_has_a_step_term_fp32_none():
 def test_default_threads_fill_the_cores():
     import os
     cores = len(os.sched_getaffinity(0))
-    assert default_threads(0, 1) == (cores, 1)
-    assert default_threads(0, 2) == (max(1, cores // 2), 2)
-    assert default_threads(3, 1) == (3, 1)
-    assert default_threads(0, 1, ranks_per_node=cores * 2) == (1, 1)
+    assert default_threads(0, 1) == cores
+    assert default_threads(0, 2) == max(1, cores // 2)
+    assert default_threads(3, 1) == 3
+    assert default_threads(0, 1, ranks_per_node=cores * 2) == 1
 
 
 # ---- stop at a batch boundary ------------------------------------------------------

@@ -16,15 +16,17 @@ import threading
 
 import torch
 
+from rnntrain.config import Precision, check_choice, check_device
 from rnntrain.errors import UserError
 
-PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}  # fp32: no autocast
 
 
 def pick_device(name: str, local_rank: int = 0) -> torch.device:
     """``auto`` | ``cpu`` | ``cuda`` | ``cuda:N`` → a device. With ``cuda`` (or ``auto`` on
     a CUDA machine) MPI rank ``local_rank`` on a node takes GPU ``local_rank % count``, so
     N ranks per node spread over the node's GPUs."""
+    check_device(name)
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda"):
@@ -36,8 +38,6 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
             raise UserError(f"train.device = {name!r} but this machine has {count} GPU(s)")
         torch.cuda.set_device(idx)
         return torch.device("cuda", idx)
-    if name != "cpu":
-        raise UserError(f"train.device = {name!r}; choose auto, cpu, cuda or cuda:N")
     return torch.device("cpu")
 
 
@@ -63,12 +63,11 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
 
     fp16 needs CUDA (CPU fp16 kernels are slow and the range problem buys nothing there);
     bf16 works on both. The CTC loss is always computed in fp32 (``ctc_loss_sum``)."""
-    if precision not in PRECISIONS:
-        raise UserError(f"train.precision = {precision!r}; choose fp32, bf16 or fp16")
+    check_choice(precision, Precision, "train.precision")
     if precision == "fp16" and device.type != "cuda":
         raise UserError("train.precision = 'fp16' needs a CUDA device; use 'bf16' or "
                         "'fp32' on CPU")
-    return PRECISIONS[precision]
+    return AUTOCAST.get(precision)
 
 
 def host_every(device: torch.device, log_every: int) -> int:
@@ -80,7 +79,7 @@ def host_every(device: torch.device, log_every: int) -> int:
 def worker_start(device: torch.device):
     """Run once on each worker thread: on CUDA the thread's device, its own compute stream
     (set current for the thread) and a side copy stream. (torch's intra-op thread count is
-    process-wide: the pool sets it once, see ``scheduler.set_intra_threads``.)
+    process-wide: the pool sets it once, see ``pool.set_intra_threads``.)
     """
     if device.type == "cuda":
         torch.cuda.set_device(device)

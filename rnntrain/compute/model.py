@@ -9,8 +9,8 @@ does not depend on which worker thread ran the task.
 """
 from __future__ import annotations
 
-import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -49,7 +49,7 @@ def lstm_padded(rnn: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor) -> torch.T
 
     On the CPU, PackedSequence input of unequal lengths falls back to a per-time-step
     implementation whose backward allocates and zero-fills a whole-input gradient at every
-    step (O(T^2): measured 20x slower on a 3x256 BLSTM); padded input takes the fused
+    step (O(T^2); docs/threads.md, "The CPU LSTM path"); padded input takes the fused
     oneDNN kernel. The forward direction is exact on padded input (padding comes after the
     frames); the backward direction runs on each sequence reversed within its length.
     x: (T, N, F) zero-padded, lengths: (N,) → (T, N, D*H), zero at padding.
@@ -136,7 +136,7 @@ def estimate_params(mcfg, input_size: int, num_labels: int) -> int:
     return n + size * (num_labels + 1) + num_labels + 1
 
 
-def check_fits(mcfg, input_size: int, num_labels: int, copies: int, memory_bytes: int):
+def check_memory(mcfg, input_size: int, num_labels: int, copies: int, memory_bytes: int):
     """UserError when ``copies`` fp32 copies of the parameters (weights, gradients,
     optimizer moments, per-task gradient buffers) exceed ``memory_bytes``, naming the
     [model] key that makes it large; before torch is asked to allocate it (a RuntimeError
@@ -178,18 +178,12 @@ def training_flops_per_frame(input_size, hidden, layers, bidirectional, num_clas
     return 2.0 * 3.0 * macs
 
 
-def min_frames(target: "list[int] | torch.Tensor") -> int:
-    """Shortest input (after subsampling) that can emit ``target`` under CTC: S + repeats."""
-    t = list(map(int, target))
-    return len(t) + sum(1 for a, b in zip(t, t[1:]) if a == b)
-
-
 def ctc_loss_sum(log_probs: torch.Tensor, out_lengths: torch.Tensor, targets: list,
                  blank: int) -> torch.Tensor:
     """Summed CTC loss (nats) over the batch, computed in fp32.
 
     log_probs: (T', N, C); out_lengths: (N,); targets: N int sequences (infeasible ones
-    must have been filtered: see ``min_frames``).
+    must have been filtered: see ``rnntrain.data.dataset.min_frames``).
     """
     tl = torch.tensor([len(t) for t in targets], dtype=torch.long)
     flat = torch.cat([torch.as_tensor(t, dtype=torch.long) for t in targets]) if int(tl.sum()) \
@@ -208,5 +202,15 @@ def init_uniform(model: nn.Module, scale: float = 0.1, generator=None):
             p.uniform_(-scale, scale, generator=generator)
 
 
-def default_init_scale(hidden: int) -> float:
-    return 1.0 / math.sqrt(hidden)
+def flatten_params(params) -> np.ndarray:
+    """The parameters as one float32 host vector (a copy), in ``params`` order."""
+    return torch.cat([p.detach().reshape(-1).float().cpu() for p in params]).numpy()
+
+
+def unflatten_params(vec: np.ndarray, params):
+    """Copy a vector made by ``flatten_params`` back into ``params`` (on their device)."""
+    off = 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(torch.from_numpy(vec[off: off + p.numel()]).view_as(p))
+            off += p.numel()

@@ -70,10 +70,9 @@ class WorkerPool:
         For one worker with several intra-op threads on the CPU: GNU OpenMP gives every
         thread that opens a parallel region its own team, and once the teams hold more
         threads than there are cores it stops spinning between regions, so each of the
-        LSTM kernel's many short regions waits for a sleeping thread to wake up (measured:
-        the reference model, 2 intra-op threads, 2.2x slower in bf16 and 1.4x in fp32 on a
-        worker thread once the main thread's reduce and update had used a team). Inline,
-        the task and the update share the main thread's one team.
+        LSTM kernel's many short regions waits for a sleeping thread to wake up (the
+        slowdown is in docs/threads.md, "Settings"). Inline, the task and the update share
+        the main thread's one team.
         """
         assert workers >= 1 and intra_threads >= 1
         assert not inline or workers == 1, "inline runs exactly one worker"
@@ -106,7 +105,7 @@ class WorkerPool:
     def _loop(self, w: int):
         # Flush denormals to zero on this thread, as TensorFlow does on its CPU threads:
         # gradients that decay through long recurrences reach denormal floats, each of
-        # which costs the CPU ~100 cycles (measured: a 3x256 BLSTM backward 5x slower).
+        # which costs the CPU ~100 cycles (docs/threads.md, "Settings").
         # MXCSR is per thread, so every worker sets it for itself.
         torch.set_flush_denormal(True)
         if self._on_start is not None:
@@ -246,16 +245,11 @@ class CostModel:
                   precision: str = "fp32", subsample: int = 1) -> "CostModel":
         """Per-sequence, per-task and per-step overheads in frame equivalents of a model.
 
-        Seconds fitted with ``fit`` to task times measured on this project's CPU path
-        (bench/threads.py and a (N, T) grid, 2x128 and 3x256 BLSTMs, one thread):
-        fp32: ~1.2 ms + 4 ns per parameter per task (Python, and the LSTM kernels' weight
-        re-layout at every call), a per-sequence term too small to resolve (20 µs
-        assumed: CTC, best-path decode), no per-step term to speak of, and one padded
-        frame at the ~110 GFLOP/s per core measured there. bf16 (oneDNN with AMX/AVX-512
-        bf16): frames at ~260 GFLOP/s, ~12 ns per parameter per task (weight casts), and
-        ~150 µs per time step per layer and direction (forward and backward). A rough
-        guess is enough: it moves task boundaries, never what a task computes; it keeps a
-        batch whole when another task would cost more than it saves.
+        The constants below (seconds per task, per parameter, per sequence and per time
+        step, and the frame throughput, for fp32 and bf16) were fitted once with ``fit``;
+        docs/threads.md ("Task sizing") gives the fit and the command that measures it.
+        A rough guess is enough: it moves task boundaries, never what a task computes;
+        it keeps a batch whole when another task would cost more than it saves.
         """
         bf16 = precision == "bf16"
         frame_s = max(flops_per_frame, 1.0) / (260e9 if bf16 else 110e9)
@@ -334,14 +328,14 @@ def _list_schedule(costs: list[float], workers: int) -> float:
     return max(free)
 
 
-def default_threads(threads: int, intra_threads: int, ranks_per_node: int = 1) -> tuple[int, int]:
-    """(workers, intra-op threads per worker) for this process.
+def default_threads(threads: int, intra_threads: int, ranks_per_node: int = 1) -> int:
+    """Worker threads for this process (``threads`` itself when set).
 
     ``threads = 0`` fills this rank's share of the usable cores (CPU affinity, so taskset
     and container limits count) with workers of ``intra_threads`` each.
     """
     cores = max(1, usable_cores() // max(ranks_per_node, 1))
-    return (threads or max(1, cores // intra_threads)), intra_threads
+    return threads or max(1, cores // intra_threads)
 
 
 # oversubscription past this many threads per usable core only adds switching: a typo

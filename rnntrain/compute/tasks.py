@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
 from rnntrain.decode.score import edit_ops
+from rnntrain.decode.search import collapse
 from rnntrain.compute.device import Fence, LossScaler, autocast_dtype, to_device
 from rnntrain.compute.model import ctc_loss_sum, training_flops_per_frame
 from rnntrain.data.plan import bucket_length, rng_for
@@ -103,7 +104,7 @@ class TaskComputer:
         if self.want_errors:  # a host read of the best path: see the class docstring
             best = log_probs.detach().argmax(-1).cpu().numpy()  # (T', N)
             for j, t in enumerate(targets):
-                hyp = best_path_ids(best[: int(out_len[j]), j], self.model.blank)
+                hyp = collapse(best[: int(out_len[j]), j], self.model.blank)
                 errors += sum(edit_ops(t.tolist(), hyp))
                 ref += len(t)
         tail[3].fill_(errors)
@@ -112,7 +113,7 @@ class TaskComputer:
 
 
 def cost_model_for(model, precision: str = "fp32") -> CostModel:
-    """The task cost model (``scheduler.CostModel``) for a CTCModel trained in
+    """The task cost model (``pool.CostModel``) for a CTCModel trained in
     ``precision``: per-task, per-sequence and per-step overheads in frame equivalents of
     this model's per-input-frame work."""
     rnn = model.rnns[0]
@@ -122,13 +123,6 @@ def cost_model_for(model, precision: str = "fp32") -> CostModel:
     params = sum(p.numel() for p in model.parameters())
     return CostModel.for_model(flops / model.subsample, params, len(model.rnns) * dirs,
                                precision, model.subsample)
-
-
-def best_path_ids(path: np.ndarray, blank: int) -> list[int]:
-    """Frame argmaxes (T,) → labels: merge repeats, drop blanks."""
-    keep = np.ones(len(path), bool)
-    keep[1:] = path[1:] != path[:-1]
-    return [int(p) for p in path[keep] if p != blank]
 
 
 class FlatGrad:

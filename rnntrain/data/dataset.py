@@ -14,9 +14,16 @@ from pathlib import Path
 
 import numpy as np
 
-from rnntrain.data import ncdata
-from rnntrain.errors import DataError, UserError, check_regular_file
-from rnntrain.compute.model import min_frames
+from rnntrain.data import manifest, ncdata
+from rnntrain.errors import DataError, UserError, check_regular_file, file_problem
+from rnntrain.fsutil import verify_file
+
+
+def min_frames(target: "list[int] | np.ndarray") -> int:
+    """Shortest input (after subsampling) that can emit ``target`` under CTC: S + repeats
+    (a repeated label needs a blank between its two frames)."""
+    t = list(map(int, target))
+    return len(t) + sum(1 for a, b in zip(t, t[1:]) if a == b)
 
 
 @dataclass
@@ -74,7 +81,6 @@ class Dataset:
         """Read chunk k → {sequence id: (T_i, F) float32}. Call from the reader thread only."""
         c = self.chunks[k]
         if c.sha256:
-            from rnntrain.data.manifest import verify_chunk
             verify_chunk(c)
         if c.checked:
             self.check_chunk(k)
@@ -85,11 +91,7 @@ class Dataset:
         if offs[-1] != len(rows):
             raise DataError(c.path, f"chunk rows {c.row_start}:{c.row_stop} do not match the "
                                     f"sequence lengths ({offs[-1]} frames)", var="inputs")
-        if not np.isfinite(rows).all():
-            bad = int(np.flatnonzero(~np.isfinite(rows).all(axis=1))[0])
-            j = int(np.searchsorted(offs, bad, side="right") - 1)
-            raise DataError(c.path, f"NaN or Inf in frame {bad - offs[j]}", var="inputs",
-                            seq=c.first + j, tag=self.tags[c.seqs[j]])
+        ncdata.check_finite(c.path, rows, offs, c.first, lambda j: self.tags[c.seqs[j]])
         return {int(s): rows[offs[j]:offs[j + 1]] for j, s in enumerate(c.seqs)}
 
     def check_chunk(self, k: int):
@@ -121,6 +123,12 @@ class Dataset:
                                         "swapped or replaced?)", var="targetStrings",
                                 seq=j, tag=h.tags[j])
 
+    def require_sequences(self):
+        """DataError for a dataset without sequences: training, scoring or inspecting it
+        would only report zeros (an LER of 0 on nothing looks like success)."""
+        if self.num_seqs == 0:
+            raise DataError(self.source, "holds no sequences (numSeqs = 0)", var="numSeqs")
+
     @staticmethod
     def open(path: str, chunk_frames: int = 2_000_000) -> "Dataset":
         p = Path(path)
@@ -131,19 +139,12 @@ class Dataset:
             p = p / "manifest.json"
         if p.suffix == ".json":
             check_regular_file(p, "manifest")
-            from rnntrain.data.manifest import open_manifest
-            ds = open_manifest(p)
+            ds = from_manifest(p)
         else:
-            check_regular_file(p, "data file")
+            check_regular_file(p, "data file")  # a FIFO would block the read
             ds = from_nc(str(p), chunk_frames)
         ds.require_sequences()
         return ds
-
-    def require_sequences(self):
-        """DataError for a dataset without sequences: training, scoring or inspecting it
-        would only report zeros (an LER of 0 on nothing looks like success)."""
-        if self.num_seqs == 0:
-            raise DataError(self.source, "holds no sequences (numSeqs = 0)", var="numSeqs")
 
 
 def virtual_chunks(path: str, lengths: np.ndarray, chunk_frames: int, first_id: int = 0,
@@ -166,11 +167,74 @@ def from_nc(path: str, chunk_frames: int) -> Dataset:
                    [list(range(len(chunks)))])
 
 
+def check_fits(ds: Dataset, labels: list[str], input_size: int, what: str):
+    """``ds`` must have ``what``'s input size and alphabet (the training data's, a
+    checkpoint's): DataError naming ``ds``'s file otherwise."""
+    if ds.input_size != input_size:
+        raise DataError(ds.source, f"inputPattSize {ds.input_size} differs from {what} "
+                                   f"({input_size})")
+    if list(ds.labels) != list(labels):
+        raise DataError(ds.source, f"alphabet differs from {what} ({list(ds.labels)[:10]} vs "
+                                   f"{list(labels)[:10]})", var="labels")
+
+
 def check_compatible(a: Dataset, b: Dataset, what: str):
-    """Validation/test data must share the training alphabet and input size."""
-    if a.input_size != b.input_size:
-        raise DataError(b.source, f"inputPattSize {b.input_size} differs from {what} "
-                                  f"{a.source} ({a.input_size})")
-    if a.labels != b.labels:
-        raise DataError(b.source, f"alphabet differs from {what} {a.source} "
-                                  f"({b.labels[:10]} vs {a.labels[:10]})", var="labels")
+    """Validation/test data ``b`` must share the alphabet and input size of ``a``."""
+    check_fits(b, a.labels, a.input_size, f"{what} {a.source}")
+
+
+def from_manifest(path) -> Dataset:
+    """A Dataset over the chunk files a manifest lists (metadata only; no chunk is read)."""
+    path = Path(path)
+    man = manifest.read_manifest(path)
+    root = path.parent
+    ix = man["index"]
+    where = str(path)
+    # every path confined before anything is opened or hashed
+    index_path = manifest.confined(root, manifest.require(ix, "file", where, str),
+                                   f"{where} index")
+    chunk_paths = [[manifest.confined(root, c["file"], f"{where} shard {s}")
+                    for c in sh["chunks"]] for s, sh in enumerate(man["shards"])]
+    idx = manifest.read_index(index_path, manifest.require(ix, "sha256", where, str),
+                              manifest.require(ix, "bytes", where, int))
+    lengths = idx["lengths"].astype(np.int64)
+    toff = idx["target_offsets"].astype(np.int64)
+    flat = idx["targets"].astype(np.int32)
+    n = len(lengths)
+    if len(toff) != n + 1 or len(idx["tags"]) != n or toff[-1] != len(flat) \
+            or toff[0] != 0 or np.any(np.diff(toff) < 0):
+        raise DataError(index_path, "index arrays have inconsistent sizes")
+    if n and lengths.min() <= 0:
+        i = int(np.argmin(lengths))
+        raise DataError(index_path, f"length {lengths[i]} (every sequence needs a frame)",
+                        var="lengths", seq=i)
+    targets = [flat[toff[i]:toff[i + 1]] for i in range(n)]
+    if len(flat) and (flat.min() < 0 or flat.max() >= len(man["labels"])):
+        raise DataError(index_path, "target label index outside the alphabet")
+    chunks, shards, first = [], [], 0
+    for sh, paths in zip(man["shards"], chunk_paths):
+        ids = []
+        for c, cpath in zip(sh["chunks"], paths):
+            if c["numSeqs"] < 0 or c["numTimesteps"] < 0 or c["bytes"] < 0:
+                raise DataError(cpath, "negative numSeqs, numTimesteps or bytes in the "
+                                       "manifest")
+            seqs = np.arange(first, first + c["numSeqs"], dtype=np.int64)
+            if seqs[-1:].size and seqs[-1] >= n or int(lengths[seqs].sum()) != c["numTimesteps"]:
+                raise DataError(cpath, "numSeqs/numTimesteps in the manifest do "
+                                       "not match the sequence index")
+            ids.append(len(chunks))
+            chunks.append(Chunk(str(cpath), seqs, 0, c["numTimesteps"], 0,
+                                c["sha256"], c["bytes"], checked=True))
+            first += c["numSeqs"]
+        shards.append(ids)
+    if first != n:
+        raise DataError(path, f"chunks hold {first} sequences but the index has {n}")
+    return Dataset(str(path), list(man["labels"]), man["inputPattSize"], lengths, targets,
+                   [str(t) for t in idx["tags"]], chunks, shards, within=man["within"])
+
+
+def verify_chunk(chunk: Chunk):
+    """Size and sha256 of a chunk file against the manifest; DataError naming the file."""
+    if why := file_problem(chunk.path, "chunk file"):
+        raise DataError(chunk.path, why)
+    verify_file(chunk.path, chunk.nbytes, chunk.sha256, "chunk file")

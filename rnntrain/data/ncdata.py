@@ -22,11 +22,12 @@ import struct
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from rnntrain.errors import DataError, file_problem
+from rnntrain.fsutil import commit, temp_path
 
 NC_LOCK = threading.RLock()
 
@@ -254,25 +255,33 @@ def read_rows(path, start: int, stop: int) -> np.ndarray:
     return out
 
 
-def check_finite(path, rows: np.ndarray, header: NcHeader, seqs: Sequence[int], row0: int):
-    """Raise DataError naming the first sequence in ``seqs`` with NaN/Inf frames.
+def first_nonfinite_row(rows: np.ndarray) -> int | None:
+    """Index of the first row of ``rows`` (R, F) holding a NaN or Inf, or None."""
+    if np.isfinite(rows).all():  # the common case: one vectorised pass, no index work
+        return None
+    return int(np.flatnonzero(~np.isfinite(rows).all(axis=1))[0])
 
-    rows: (R, F) holding file rows [row0, row0+R).
+
+def check_finite(path, rows: np.ndarray, offsets: np.ndarray, first: int,
+                 tag_of: Callable[[int], str]):
+    """Raise DataError naming the first sequence with NaN/Inf frames, if any.
+
+    rows: (R, F) holding n contiguous sequences; offsets: (n+1,) their starts in ``rows``;
+    sequence j is the file's sequence ``first + j`` with tag ``tag_of(j)``.
     """
-    if np.isfinite(rows).all():
+    bad = first_nonfinite_row(rows)
+    if bad is None:
         return
-    bad_row = int(np.flatnonzero(~np.isfinite(rows).all(axis=1))[0]) + row0
-    i = int(np.searchsorted(header.offsets, bad_row, side="right") - 1)
-    assert i in seqs or not len(seqs)
-    raise DataError(path, f"NaN or Inf in frame {bad_row - header.offsets[i]}",
-                    var="inputs", seq=i, tag=header.tags[i])
+    j = int(np.searchsorted(offsets, bad, side="right") - 1)
+    raise DataError(path, f"NaN or Inf in frame {bad - int(offsets[j])}", var="inputs",
+                    seq=first + j, tag=tag_of(j))
 
 
 def read_file(path) -> tuple[NcHeader, list[np.ndarray]]:
     """The whole file in memory: header and one (T_i, F) float32 array per sequence."""
     h = read_header(path)
     rows = read_rows(path, 0, h.total_frames)
-    check_finite(path, rows, h, range(h.num_seqs), 0)
+    check_finite(path, rows, h.offsets, 0, h.tags.__getitem__)
     return h, [rows[h.offsets[i]:h.offsets[i + 1]] for i in range(h.num_seqs)]
 
 
@@ -303,7 +312,7 @@ class NcWriter:
         n = len(lengths)
         assert len(targets) == n and (tags is None or len(tags) == n)
         self.path = Path(path)
-        self.tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
+        self.tmp = temp_path(self.path)  # the netCDF library writes by name: see close()
         self.total, self.row, self.seq = int(lengths.sum()), 0, 0
         self.lengths = lengths
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -345,9 +354,11 @@ class NcWriter:
         if self.row != self.total:
             self.tmp.unlink(missing_ok=True)
             raise AssertionError(f"wrote {self.row} of {self.total} frames")
-        with open(self.tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(self.tmp, self.path)
+        try:
+            commit(self.tmp, self.path)  # fsync, rename, fsync the folder (fsutil)
+        except BaseException:
+            self.tmp.unlink(missing_ok=True)
+            raise
 
     def abort(self):
         with NC_LOCK:

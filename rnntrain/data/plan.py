@@ -1,20 +1,46 @@
 """Epoch plans: which sequences form each step, from lengths alone.
 
-``make_plan`` is a pure function of (dataset metadata, seed, epoch, rank, world size): no
-file is read, so plans are testable without data and identical on every rank. A plan is a
-list of Steps in chunk order (each chunk's steps are contiguous, so the reader visits each
-chunk once), and every rank's plan has the same number of steps by construction.
+``make_plan`` is a pure function of (dataset metadata, seed, epoch, rank, world size,
+strategy): no file is read, so plans are testable without data and identical on every
+rank. A plan is a list of Steps in chunk order (each chunk's steps are contiguous, so the
+reader visits each chunk once), and every rank's plan has the same number of steps by
+construction.
 
-Batches group sequences of similar length under a padded-frame budget (``batch_frames``
-counts padding: n × longest ≤ budget): on speech-like length spreads random batches
-waste about two thirds of the compute on padding.
+Strategies (``PLANNERS``, chosen with ``train.plan`` or ``make_plan(strategy=...)``):
+
+``length``
+    One file (or any dataset seen as one): per chunk, sequences sorted by length and cut
+    into global batches under a padded-frame budget (``batch_frames`` counts padding:
+    n × longest ≤ budget); each batch is dealt over the ranks in snake order. On
+    speech-like length spreads random batches waste about two thirds of the compute on
+    padding.
+``sharded``
+    A manifest written by ``rnntrain-data shard``: rank r of W serves shards r, r+W, r+2W,
+    … (S shards, S a multiple of W). Shards were dealt round-robin from one length-sorted
+    list, so shard r's k-th sequence is about as long as every other shard's k-th.
+    Batches are therefore defined over *positions* (the same for all shards of a round)
+    using the longest sequence over the shards at each position, so every rank has the
+    same number of steps by construction and, at step k, a batch of the same length
+    class. Batch order is shuffled per chunk, chunk order per epoch, both with a seed
+    shared by all ranks. Each rank reads only its own shards.
+``random``
+    The naive data-parallel baseline the benchmarks compare against: each rank takes a
+    random 1/W of the sequences and batches them alone under ``batch_frames / W``; per
+    chunk all ranks stop at the shortest rank's step count, so a few batches per chunk
+    are not trained in an epoch (``remainder_note`` says how many sequences).
+``auto`` (the default)
+    ``sharded`` for a dataset with more than one shard, ``length`` otherwise.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+from rnntrain.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -60,16 +86,6 @@ def bucket_lengths(lengths: np.ndarray, per_octave: int) -> np.ndarray:
     return np.array([bucket_length(int(n), per_octave) for n in lengths], dtype=np.int64)
 
 
-class _Rounded:
-    """A dataset seen with bucket-rounded lengths (for batch budgets): the rest delegates."""
-
-    def __init__(self, ds, lengths: np.ndarray):
-        self._ds, self.lengths = ds, lengths
-
-    def __getattr__(self, name):
-        return getattr(self._ds, name)
-
-
 def group_by_length(ids: np.ndarray, lengths: np.ndarray, batch_frames: int,
                     rng: np.random.Generator | None = None) -> list[np.ndarray]:
     """Sort ``ids`` by length and cut into batches with n × max_len ≤ batch_frames.
@@ -89,7 +105,7 @@ def group_by_length(ids: np.ndarray, lengths: np.ndarray, batch_frames: int,
     return batches
 
 
-def deal(batch: np.ndarray, lengths: np.ndarray, rank: int, world: int) -> tuple[int, ...]:
+def snake_share(batch: np.ndarray, lengths: np.ndarray, rank: int, world: int) -> tuple[int, ...]:
     """Rank r's share of a batch, dealt in snake order over the length-sorted batch
     (ranks 0..W-1, then W-1..0, ...): plain round-robin would give rank 0 the longest
     sequence of every round, and the others would wait for it at every step."""
@@ -99,22 +115,10 @@ def deal(batch: np.ndarray, lengths: np.ndarray, rank: int, world: int) -> tuple
     return tuple(int(s) for s in order[owner == rank])
 
 
-def make_plan(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
-              rank: int = 0, world: int = 1, shuffle: bool = True,
-              round_lengths: int = 0) -> list[Step]:
-    """The epoch's steps for ``rank`` of ``world``.
-
-    ds: a Dataset (only lengths, chunks and shards are used); keep: (N,) bool mask of the
-    sequences to train on (infeasible ones are False). Single-shard datasets: every rank
-    forms the same global batches and takes its dealt share. Sharded datasets (manifest):
-    see ``rnntrain.manifest.plan_sharded``. round_lengths > 0: the padded-frame budget
-    counts each sequence at its ``bucket_length`` (the length the worker pads it to).
-    """
-    if round_lengths:
-        ds = _Rounded(ds, bucket_lengths(ds.lengths, round_lengths))
-    if len(ds.shards) > 1:
-        from rnntrain.data.manifest import plan_sharded
-        return plan_sharded(ds, keep, batch_frames, seed, epoch, rank, world, shuffle)
+def plan_length(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
+                rank: int = 0, world: int = 1, shuffle: bool = True) -> list[Step]:
+    """The ``length`` strategy (see the module doc): every rank forms the same global
+    batches, chunk by chunk, and takes its dealt share (``snake_share``)."""
     rng = rng_for(seed, epoch)
     chunk_ids = np.arange(len(ds.chunks))
     if shuffle:
@@ -126,8 +130,201 @@ def make_plan(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
         batches = group_by_length(ids, ds.lengths, batch_frames, rng if shuffle else None)
         if shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
-        steps += [Step(k, deal(b, ds.lengths, rank, world)) for b in batches]
+        steps += [Step(k, snake_share(b, ds.lengths, rank, world)) for b in batches]
     return steps
+
+
+def _positions(ds, shard: list[int]) -> list[np.ndarray]:
+    """Per chunk of a shard, its sequence ids in position order.
+
+    Sorted shards: ascending length inside each chunk (what the tool writes; re-sorting
+    makes a hand-edited manifest still plannable). Shuffled shards: file order.
+    """
+    out = []
+    for k in shard:
+        ids = ds.chunks[k].seqs
+        if ds.within == "sorted":
+            ids = ids[np.argsort(ds.lengths[ids], kind="stable")]
+        out.append(ids)
+    return out
+
+
+def _blocks(per_shard: list[list[np.ndarray]]) -> list[list[tuple[int, int, list[int]]]]:
+    """Cut positions at every chunk boundary of any shard of the round.
+
+    Shards are aligned at their *end* (their longest sequences): the tool deals the
+    incomplete round of a corpus that does not divide evenly at the short end, so a
+    shorter shard lacks a short sequence at position 0, not a long one at the end.
+    Returns blocks, each a list of segments (start, stop, chunk index per shard or -1
+    where the shard has no sequence). A segment lies in one chunk per shard; a block ends
+    where no shard's chunk goes on, so blocks can be visited in any order and each chunk
+    is read once. With aligned chunks (what the tool writes) a block is one chunk.
+    """
+    sizes = [sum(len(c) for c in chunks) for chunks in per_shard]
+    width = max(sizes)
+    ends = [width - n + np.cumsum([len(c) for c in chunks], dtype=np.int64)
+            for n, chunks in zip(sizes, per_shard)]
+    cuts = sorted({0, *(width - n for n in sizes)}.union(*[e.tolist() for e in ends]))
+    segs = []
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        owner = []
+        for n, e in zip(sizes, ends):
+            j = int(np.searchsorted(e, a, side="right"))
+            owner.append(j if a >= width - n and j < len(e) else -1)
+        segs.append((a, b, owner))
+    blocks: list[list] = []
+    for i, seg in enumerate(segs):
+        prev = segs[i - 1][2] if i else None
+        if prev is None or all(p != o or p < 0 for p, o in zip(prev, seg[2])):
+            blocks.append([])
+        blocks[-1].append(seg)
+    return blocks
+
+
+def plan_sharded(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
+                 rank: int = 0, world: int = 1, shuffle: bool = True) -> list[Step]:
+    """Rank ``rank``'s steps for one epoch over a sharded dataset (see the module doc).
+
+    The global batch of a step is the union of the ranks' batches: n positions × W ranks
+    sequences with n × W × (longest at those positions) ≤ ``batch_frames``, so W ranks
+    with budget B train on the same batch sizes as one rank with B. Every rank computes
+    the same structure from metadata alone and takes its own shard's sequences.
+    """
+    n_shards = len(ds.shards)
+    if n_shards % world:
+        divisors = [str(d) for d in range(1, n_shards + 1) if n_shards % d == 0]
+        raise UserError(f"{ds.source}: {n_shards} shards cannot be dealt evenly to {world} "
+                        f"ranks; re-shard with --shards a multiple of {world} (or run on "
+                        f"{', '.join(divisors)} ranks)")
+    rng = rng_for(seed, epoch, 0x5A4D)
+    blocks = []   # per block: its segments as (per-rank chunk ids, per-rank position lists)
+    for rnd in range(n_shards // world):
+        group = [ds.shards[rnd * world + r] for r in range(world)]
+        per_shard = [_positions(ds, sh) for sh in group]
+        flat = [np.concatenate(p) if p else np.zeros(0, np.int64) for p in per_shard]
+        width = max(len(f) for f in flat)
+        # end-aligned positions (see _blocks): -1 marks "no sequence here"
+        flat = [np.concatenate([np.full(width - len(f), -1, np.int64), f]) for f in flat]
+        for blk in _blocks(per_shard):
+            blocks.append([([group[r][o[r]] if o[r] >= 0 else -1 for r in range(world)],
+                            [f[a:b] for f in flat]) for a, b, o in blk])
+    steps: list[Step] = []
+    for u in (rng.permutation(len(blocks)) if shuffle else range(len(blocks))):
+        for chunk_of, pos in blocks[u]:
+            batches = _batches(ds, keep, pos, batch_frames, world)
+            if shuffle:
+                batches = [batches[i] for i in rng.permutation(len(batches))]
+            mine = pos[rank]
+            for bpos in batches:
+                ids = mine[bpos]
+                ids = ids[ids >= 0]
+                ids = ids[keep[ids]]
+                ids = ids[np.argsort(-ds.lengths[ids], kind="stable")]
+                steps.append(Step(chunk_of[rank], tuple(int(s) for s in ids)))
+    return _fill_empty(steps, ds.source, rank)
+
+
+def _batches(ds, keep: np.ndarray, pos: list[np.ndarray], batch_frames: int,
+             world: int) -> list[np.ndarray]:
+    """Batches (arrays of positions) of one segment, from the longest kept sequence over
+    the ranks at each position; positions where no rank keeps anything are left out.
+
+    pos: per rank, the segment's sequence ids by position (-1: none), all of one length.
+    """
+    longest = np.zeros(len(pos[0]), np.int64)
+    for p in pos:
+        ok = p >= 0
+        longest[ok] = np.maximum(longest[ok], np.where(keep[p[ok]], ds.lengths[p[ok]], 0))
+    live = np.flatnonzero(longest > 0)
+    return _cut(live, longest, batch_frames, world)
+
+
+def _fill_empty(steps: list[Step], source: str, rank: int) -> list[Step]:
+    """Steps where this rank's shard has already ended (chunk -1, no sequences) stay on a
+    chunk the rank visits anyway, so the reader neither moves nor reads anything extra."""
+    real = [s.chunk for s in steps if s.chunk >= 0]
+    if steps and not real:
+        raise UserError(f"{source}: rank {rank}'s shards hold no sequences")
+    prev = real[0] if real else -1
+    out = []
+    for s in steps:
+        prev = s.chunk if s.chunk >= 0 else prev
+        out.append(s if s.chunk >= 0 else Step(prev, s.seqs))
+    return out
+
+
+def _cut(live: np.ndarray, longest: np.ndarray, batch_frames: int,
+         world: int) -> list[np.ndarray]:
+    """Cut ascending positions into batches with n × world × max(longest) ≤ batch_frames."""
+    batches, start, peak = [], 0, 0
+    for i in range(len(live)):
+        peak_i = max(peak, int(longest[live[i]]))
+        if i > start and (i + 1 - start) * world * peak_i > batch_frames:
+            batches.append(live[start:i])
+            start, peak_i = i, int(longest[live[i]])
+        peak = peak_i
+    if len(live):
+        batches.append(live[start:])
+    return batches
+
+
+def plan_random(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
+                rank: int = 0, world: int = 1, shuffle: bool = True) -> list[Step]:
+    """The ``random`` strategy (see the module doc): rank r batches its own random 1/W of
+    each chunk alone under ``batch_frames // W``; per chunk every rank keeps the shortest
+    rank's step count, so that all ranks take the same number of steps."""
+    owner = np.empty(ds.num_seqs, np.int64)  # a fixed random deal, the same every epoch
+    owner[rng_for(seed, 991).permutation(ds.num_seqs)] = np.arange(ds.num_seqs) % world
+    chunk_ids = np.arange(len(ds.chunks))
+    if shuffle and len(chunk_ids) > 1:
+        chunk_ids = rng_for(seed, epoch).permutation(chunk_ids)
+    # every rank's generators, drawn chunk after chunk: each rank needs all ranks' counts
+    draws = [(rng_for(seed, epoch, r), rng_for(seed, epoch, r, 1)) for r in range(world)]
+    steps = []
+    for k in chunk_ids.tolist():
+        ids = ds.chunks[k].seqs
+        per_rank = []
+        for r, (rng_batch, rng_order) in enumerate(draws):
+            mine = ids[keep[ids] & (owner[ids] == r)]
+            batches = group_by_length(mine, ds.lengths, max(1, batch_frames // world),
+                                      rng_batch if shuffle else None)
+            order = rng_order.permutation(len(batches)) if shuffle else range(len(batches))
+            per_rank.append([batches[i] for i in order])
+        n = min(len(b) for b in per_rank)
+        steps += [Step(k, tuple(int(s) for s in b)) for b in per_rank[rank][:n]]
+    return steps
+
+
+Planner = Callable[..., "list[Step]"]
+# strategy name -> planner(ds, keep, batch_frames, seed, epoch, rank, world, shuffle)
+PLANNERS: dict[str, Planner] = {"length": plan_length, "sharded": plan_sharded,
+                                "random": plan_random}
+STRATEGIES = ("auto", *PLANNERS)
+
+
+def strategy_for(ds, strategy: str = "auto") -> str:
+    """The planner ``auto`` picks for ``ds`` (or ``strategy`` itself, checked)."""
+    if strategy == "auto":
+        return "sharded" if len(ds.shards) > 1 else "length"
+    if strategy not in PLANNERS:
+        raise UserError(f"plan strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    return strategy
+
+
+def make_plan(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
+              rank: int = 0, world: int = 1, shuffle: bool = True,
+              round_lengths: int = 0, strategy: str = "auto") -> list[Step]:
+    """The epoch's steps for ``rank`` of ``world``.
+
+    ds: a Dataset (only lengths, chunks, shards and ``within`` are used); keep: (N,) bool
+    mask of the sequences to train on (infeasible ones are False); strategy: a key of
+    ``PLANNERS`` or "auto" (see the module doc). round_lengths > 0: the padded-frame budget
+    counts each sequence at its ``bucket_length`` (the length the worker pads it to).
+    """
+    planner = PLANNERS[strategy_for(ds, strategy)]
+    if round_lengths:
+        ds = dataclasses.replace(ds, lengths=bucket_lengths(ds.lengths, round_lengths))
+    return planner(ds, keep, batch_frames, seed, epoch, rank, world, shuffle)
 
 
 def padding_ratio(steps: list[Step], lengths: np.ndarray) -> float:
@@ -147,8 +344,40 @@ def chunk_order(steps: list[Step]) -> list[int]:
     return out
 
 
+def remainder_note(ds, keep: np.ndarray, world: int, strategy: str = "auto",
+                   batch_frames: int = 0, seed: int = 0) -> str | None:
+    """One line on sequences that cannot be dealt evenly over ``world`` ranks (or None).
+
+    ``sharded``: nothing is dropped; in the last steps of a segment the ranks whose shard
+    is shorter train on fewer (possibly no) sequences. ``random``: the batches beyond the
+    shortest rank's count in each chunk are not trained; the note counts them in epoch 1
+    (``batch_frames`` and ``seed`` as for ``make_plan``). Reported once so the user knows.
+    """
+    strategy = strategy_for(ds, strategy)
+    if strategy == "random" and world > 1:
+        planned = sum(len(s.seqs) for r in range(world)
+                      for s in plan_random(ds, keep, batch_frames, seed, 0, r, world))
+        lost = int(keep.sum()) - planned
+        return (f"{ds.source}: train.plan = 'random' leaves {lost} of {int(keep.sum())} "
+                f"sequences untrained in epoch 1 (the ranks stop at the shortest rank's "
+                f"steps in each chunk)") if lost else None
+    if strategy != "sharded" or len(ds.shards) % world:
+        return None
+    per_rank = np.zeros(world, np.int64)
+    for s, sh in enumerate(ds.shards):
+        for k in sh:
+            per_rank[s % world] += int(keep[ds.chunks[k].seqs].sum())
+    spread = int(per_rank.max() - per_rank.min())
+    if spread == 0:
+        return None
+    return (f"{ds.source}: ranks hold {per_rank.min()}-{per_rank.max()} trainable sequences "
+            f"each; the {spread} extra sequence(s) are trained in steps where other ranks "
+            f"have fewer (none are dropped)")
+
+
 def resumed_plan(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
-                 rank: int, world: int, parts: list, round_lengths: int = 0) -> list[Step]:
+                 rank: int, world: int, parts: list, round_lengths: int = 0,
+                 strategy: str = "auto") -> list[Step]:
     """The rest of an epoch that was interrupted and resumed on other rank counts.
 
     parts: [(world_k, pos_k), ...] in order: segment k of the epoch ran the plan of
@@ -163,8 +392,8 @@ def resumed_plan(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
         consumed = []
         for r in range(int(w)):
             for st in make_plan(ds, left, batch_frames, seed, epoch, r, int(w),
-                                round_lengths=round_lengths)[:int(pos)]:
+                                round_lengths=round_lengths, strategy=strategy)[:int(pos)]:
                 consumed.extend(st.seqs)
         left[np.asarray(consumed, dtype=np.int64)] = False
     return make_plan(ds, left, batch_frames, seed, epoch, rank, world,
-                     round_lengths=round_lengths)
+                     round_lengths=round_lengths, strategy=strategy)

@@ -1,7 +1,7 @@
 """Scoring hypotheses against references: edit operations and RNNLIB's error figures."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -41,7 +41,6 @@ class ErrorCounts:
     loss_sum: float = 0.0
     frames: int = 0
     skipped: int = 0
-    hyps: list = field(default_factory=list, repr=False)
 
     def add(self, ref: list, hyp: list):
         s, d, i = edit_ops(ref, hyp)

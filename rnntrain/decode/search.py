@@ -8,15 +8,17 @@ from __future__ import annotations
 import numpy as np
 
 
+def collapse(path: np.ndarray, blank: int) -> list[int]:
+    """Frame labels (T,) → label sequence: merge repeats, then drop blanks."""
+    path = np.asarray(path)
+    keep = np.ones(len(path), bool)
+    keep[1:] = path[1:] != path[:-1]
+    return [int(p) for p in path[keep] if p != blank]
+
+
 def best_path(log_probs: np.ndarray, length: int, blank: int) -> list[int]:
     """log_probs: (T, C) for one sequence → label indices."""
-    path = np.argmax(log_probs[:length], axis=1)
-    out, prev = [], -1
-    for p in path.tolist():
-        if p != prev and p != blank:
-            out.append(p)
-        prev = p
-    return out
+    return collapse(np.argmax(log_probs[:length], axis=1), blank)
 
 
 def prefix_beam_search(log_probs: np.ndarray, length: int, blank: int, beam: int = 8) -> list[int]:

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from rnntrain.compute.device import masked_step
+from rnntrain.compute.model import flatten_params, unflatten_params
 from rnntrain.errors import UserError
 from rnntrain.compute.tasks import N_STATS, FlatGrad
 
@@ -160,11 +161,11 @@ class Exchange:
         if self.mode != "master" or self.comm.size == 1:
             return
         if self.root:
-            self.weights[:] = _flatten(self.params)
+            self.weights[:] = flatten_params(self.params)
         self.comm.bcast_(self.weights, 0, what=f"weight broadcast of step {step}")
         self.bytes_sent += self.weights.nbytes if self.root else 0
         if not self.root:
-            _unflatten(self.weights, self.params)
+            unflatten_params(self.weights, self.params)
 
     def window(self) -> dict:
         """At a log interval, on every rank (one collective): per-rank compute time per
@@ -193,9 +194,9 @@ class Exchange:
         comm = self.comm
         if comm.size == 1:
             return state
-        vec = _flatten(self.params).astype(np.float32)
+        vec = flatten_params(self.params)
         comm.bcast_(vec, 0, what="start-up weight broadcast")
-        _unflatten(vec, self.params)
+        unflatten_params(vec, self.params)
         ostate = comm.bcast_obj(_to_cpu(opt.state_dict()) if self.root else None)
         if not self.root:
             opt.load_state_dict(ostate)
@@ -216,18 +217,6 @@ def _to_cpu(obj):
     if isinstance(obj, (list, tuple)):
         return type(obj)(_to_cpu(v) for v in obj)
     return obj
-
-
-def _flatten(params) -> np.ndarray:
-    return torch.cat([p.detach().reshape(-1).cpu() for p in params]).numpy()
-
-
-def _unflatten(vec: np.ndarray, params):
-    off = 0
-    with torch.no_grad():
-        for p in params:
-            p.copy_(torch.from_numpy(vec[off: off + p.numel()]).view_as(p))
-            off += p.numel()
 
 
 def _checksum(params) -> float:

@@ -2,8 +2,8 @@
 
 A checkpoint is a dict of tensors and plain values saved with ``torch.save`` and loaded
 with ``torch.load(weights_only=True)``: a file from a stranger cannot execute code.
-Writing goes to a temporary file in the same folder, which is fsync'd and renamed over the
-target, so a crash at any moment leaves either the old or the new file, never half a file.
+Writing goes through ``fsutil.atomic_write`` (temporary file in the same folder, fsync, rename over the
+target, fsync of the folder), so a crash leaves either the old or the new file, never half a file.
 """
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ import re
 import shutil
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from rnntrain.data.dataset import check_fits
 from rnntrain.errors import UserError, check_regular_file
+from rnntrain.fsutil import atomic_write, stale_temps
 
 FORMAT_VERSION = 1
 _PAUSE = bool(os.environ.get("RNNTRAIN_TEST_PAUSE"))  # see faults.pause_point
@@ -25,20 +26,16 @@ def save_atomic(obj: dict, path: Path):
     """Write ``obj`` to ``path`` so that a crash leaves the old file or the new one; a
     failed write (disk full, ...) is a UserError and leaves the old file untouched."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+
+    def pause():  # tests kill the process here: the temp file is complete, not renamed
+        from rnntrain.run.faults import pause_point
+        pause_point("ckpt", int(m.group(1)) if (m := _STEP.search(path.name)) else -1)
+
     try:
-        with open(tmp, "wb") as fh:
-            torch.save(obj, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if _PAUSE:  # tests kill the process here: the temp file is complete, not renamed
-            from rnntrain.run.faults import pause_point
-            pause_point("ckpt", int(m.group(1)) if (m := _STEP.search(path.name)) else -1)
-        os.replace(tmp, path)
+        atomic_write(path, lambda fh: torch.save(obj, fh), pause if _PAUSE else None)
     except (OSError, RuntimeError) as e:
         # disk full, quota, file size limit: the old checkpoint stays. torch.save reports a
         # failed write of a large tensor as a RuntimeError ("unexpected pos ...").
-        tmp.unlink(missing_ok=True)
         why = e.strerror if isinstance(e, OSError) and e.strerror else \
             f"{type(e).__name__}: {(str(e).splitlines() or [type(e).__name__])[0][:120]}"
         try:
@@ -47,14 +44,6 @@ def save_atomic(obj: dict, path: Path):
             free = ""
         raise UserError(f"cannot write checkpoint {path} ({why}{free}); the previous "
                         f"checkpoints in {path.parent} are intact") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)  # make the rename itself durable
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 MODEL_KEYS = ("model", "config", "labels", "input_size")     # what eval/decode need
@@ -112,41 +101,6 @@ def prune(folder: Path, keep_last: int):
 
 # ---- training checkpoints: what a resumed run needs to repeat the uninterrupted one
 
-def rng_states() -> dict:
-    """torch, numpy and python global RNG states as tensors and plain values.
-
-    The trainer derives every draw from (seed, epoch, step, task) (``plan.rng_for``), so
-    these are not needed for exact resume today; they are saved so that a future component
-    drawing from a global generator does not silently break it.
-    """
-    import random
-    np_state = np.random.get_state()
-    return {"torch": torch.get_rng_state(),
-            "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)),
-                      "pos": int(np_state[2]), "has_gauss": int(np_state[3]),
-                      "gauss": float(np_state[4])},
-            "python": _py_state_to_plain(random.getstate())}
-
-
-def set_rng_states(states: dict):
-    import random
-    torch.set_rng_state(states["torch"])
-    n = states["numpy"]
-    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"],
-                         n["has_gauss"], n["gauss"]))
-    random.setstate(_py_state_from_plain(states["python"]))
-
-
-def _py_state_to_plain(state):
-    version, internal, gauss = state
-    return {"version": version, "internal": torch.tensor(internal, dtype=torch.int64),
-            "gauss": gauss}
-
-
-def _py_state_from_plain(d):
-    return (d["version"], tuple(int(v) for v in d["internal"].tolist()), d["gauss"])
-
-
 def save_training(folder: Path | None, name: str, cfg, model, opt, state: dict, ds,
                   keep_last: int):
     """Write ``folder/name`` (rank 0 only: other ranks pass folder=None) and prune.
@@ -158,8 +112,8 @@ def save_training(folder: Path | None, name: str, cfg, model, opt, state: dict, 
     from rnntrain.config import to_dict
     save_atomic({"format": FORMAT_VERSION, "model": model.state_dict(),
                  "optim": opt.state_dict(), "state": dict(state), "config": to_dict(cfg),
-                 "labels": list(ds.labels), "input_size": ds.input_size,
-                 "rng": rng_states()}, Path(folder) / name)
+                 "labels": list(ds.labels), "input_size": ds.input_size},
+                Path(folder) / name)
     if name.startswith("step-"):
         prune(folder, keep_last)
 
@@ -191,11 +145,7 @@ def resume_candidates(folder: Path) -> tuple[list[Path], list[tuple[Path, str]]]
 
 def check_matches(ck: dict, path, ds, model_cfg: dict):
     """The checkpoint must fit the data (inputPattSize, alphabet) and the model config."""
-    if ck.get("input_size") != ds.input_size:
-        raise UserError(f"{path}: checkpoint has inputPattSize {ck.get('input_size')}, "
-                        f"{ds.source} has {ds.input_size}")
-    if ck.get("labels") != list(ds.labels):
-        raise UserError(f"{path}: checkpoint alphabet differs from {ds.source}")
+    check_fits(ds, ck.get("labels") or [], ck.get("input_size"), f"checkpoint {path}")
     if ck.get("config", {}).get("model") != model_cfg:
         diff = {k: (ck.get("config", {}).get("model", {}).get(k), v)
                 for k, v in model_cfg.items()
@@ -237,9 +187,8 @@ def load_for_resume(resume: str, run_dir: Path, ds, model, opt, model_cfg: dict,
                 opt.load_state_dict(ck["optim"])
             except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
                 raise UserError(f"{path}: does not fit this model "
-                                f"({(str(e).splitlines() or [type(e).__name__])[0][:200]})") from None
-            if "rng" in ck:
-                set_rng_states(ck["rng"])
+                                f"({(str(e).splitlines() or [type(e).__name__])[0][:200]})"
+                                ) from None
             ck["path"] = str(path)
             return ck
         except UserError as e:
@@ -275,6 +224,6 @@ def remove_stale_temps(folder: Path, names: tuple[str, ...] = ("*.pt",)):
     folder = Path(folder)
     if folder.is_dir():
         for name in names:
-            for p in folder.glob(f".{name}.tmp*"):
+            for p in stale_temps(folder, name):
                 if p.is_file():
                     p.unlink(missing_ok=True)

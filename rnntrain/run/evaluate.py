@@ -20,8 +20,8 @@ from rnntrain.compute.model import ctc_loss_sum
 
 @torch.no_grad()
 def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.device, comm=None,
-             beam: int = 0, on_hyp: Callable[[int, list[int]], None] | None = None,
-             progress=None) -> dict[str, ErrorCounts]:
+             beam: int = 0, on_hyp: Callable[[int, list[int]], None] | None = None
+             ) -> dict[str, ErrorCounts]:
     """Score ``ds`` (only sequences with keep[i]); returns {"best": counts[, "beam": counts]}.
 
     Infeasible sequences (keep False) are counted as skipped. on_hyp(seq id, labels) is
@@ -64,16 +64,12 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
                         hyp = bh
                     if on_hyp is not None:
                         on_hyp(s, hyp)
-                if progress is not None:
-                    progress.update(len(seqs))
     finally:
         reader.close()
         model.train(was_training)
     if comm is not None and comm.size > 1:
         for key, c in counts.items():
-            hyps = c.hyps
             counts[key] = ErrorCounts.from_array(comm.allreduce_(c.as_array()))
-            counts[key].hyps = hyps
     if beam:
         b = counts["beam"]
         b.loss_sum, b.frames, b.skipped = (counts["best"].loss_sum, counts["best"].frames,

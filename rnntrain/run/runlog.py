@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from rnntrain.errors import UserError
+from rnntrain.fsutil import atomic_write
 
 
 def default_run_dir(config_path: str | None, overrides: list[str], resolved_toml: str) -> Path:
@@ -154,13 +155,9 @@ class RunLog:
         """Replace ``RUN/name`` atomically; on a full disk the error names the file and
         no temp file is left behind."""
         if self.folder:
-            tmp = self.folder / f".{name}.tmp{os.getpid()}"
             try:
-                with open(tmp, "w", encoding="utf-8") as fh:
-                    fh.write(text)
-                os.replace(tmp, self.folder / name)
-            except OSError as e:
-                tmp.unlink(missing_ok=True)
+                atomic_write(self.folder / name, text)  # no temp file left on failure
+            except OSError as e:  # name the file, not its temp file (the CLI prints it)
                 raise OSError(e.errno, e.strerror, str(self.folder / name)) from None
 
     def set_status(self, status: str, **fields):

@@ -16,13 +16,13 @@ even on different hosts.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 import time
 from pathlib import Path
 
 from rnntrain.errors import UserError
+from rnntrain.fsutil import atomic_write
 
 _on = False                 # inside the window: the one check on the hot path
 _cfg: dict | None = None    # {"path", "first", "last"} once configure() was called
@@ -191,10 +191,7 @@ def _write(path: str, events: list, cfg: dict, ranks: list[int]):
     doc = {"traceEvents": events, "displayTimeUnit": "ms",
            "otherData": {"tool": "rnntrain", "steps": f"{cfg['first']}:{cfg['last']}",
                          "ranks": ranks}}
-    tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, "w") as f:
-            json.dump(doc, f)
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps(doc))
     except OSError as e:  # never mask the training's own outcome (this runs in a finally)
         print(f"warning: --trace {path} not written ({e.strerror})", file=sys.stderr)

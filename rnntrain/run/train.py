@@ -28,10 +28,11 @@ from rnntrain.errors import UserError
 from rnntrain.run.evaluate import evaluate
 from rnntrain.parallel.exchange import Exchange
 from rnntrain.run.faults import BadSteps, StopFlag, pause_point, resume_hint
-from rnntrain.data.manifest import remainder_note
-from rnntrain.compute.model import build_model, check_fits, count_params, init_uniform
+from rnntrain.compute.model import (build_model, check_memory, count_params, flatten_params,
+                                    init_uniform, unflatten_params)
 from rnntrain.compute.optim import build_optimizer, lr_factor, set_lr
-from rnntrain.data.plan import chunk_order, make_plan, padding_ratio, resumed_plan
+from rnntrain.data.plan import (chunk_order, make_plan, padding_ratio, remainder_note,
+                                resumed_plan)
 from rnntrain.tools.report import per_rank_split
 from rnntrain.data.reader import ChunkReader
 from rnntrain.run.runlog import RunLog, claim_run_folder, default_run_dir
@@ -72,7 +73,7 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
         torch.use_deterministic_algorithms(True, warn_only=True)
     # one worker feeds a GPU (its own stream); on CPU the rank's share of the cores
     workers = (tc.threads or 1) if device.type == "cuda" else \
-        default_threads(tc.threads, tc.intra_threads, comm.local_size)[0]
+        default_threads(tc.threads, tc.intra_threads, comm.local_size)
     workers = cap_threads(workers, tc.intra_threads, comm.local_size, device)
 
     # ---- data: metadata now, frames later on the reader thread
@@ -105,8 +106,8 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
         raise UserError(f"{cfg.data.train}: no sequence is long enough for its target")
 
     # ---- model and optimizer: the same initial weights on every rank
-    check_fits(cfg.model, train_ds.input_size, train_ds.num_labels,
-               5 + workers * tc.tasks_per_worker, memory_bytes(device))
+    check_memory(cfg.model, train_ds.input_size, train_ds.num_labels,
+                 5 + workers * tc.tasks_per_worker, memory_bytes(device))
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model, train_ds.input_size, train_ds.num_labels)
     if cfg.model.cell == "peephole":
@@ -131,9 +132,9 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
     bad = BadSteps(state, tc.max_bad_steps, device)
 
     plan0 = make_plan(train_ds, keep, tc.batch_frames, tc.seed, 0, rank, comm.size,
-                      round_lengths=tc.round_lengths)
+                      round_lengths=tc.round_lengths, strategy=tc.plan)
     comm.check_same(len(plan0), "steps per epoch")
-    if note := remainder_note(train_ds, keep, comm.size):
+    if note := remainder_note(train_ds, keep, comm.size, tc.plan, tc.batch_frames, tc.seed):
         log.info(note)
     total_steps = len(plan0) * tc.epochs
     log.info(f"rnntrain: {count_params(model):,} parameters, {train_ds.num_seqs} train sequences "
@@ -157,7 +158,7 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
             # an epoch interrupted on another rank count goes on over the sequences left
             parts = state["parts"] if epoch == state["epoch"] else []
             plan = resumed_plan(train_ds, keep, tc.batch_frames, tc.seed, epoch, rank,
-                                comm.size, parts, tc.round_lengths)
+                                comm.size, parts, tc.round_lengths, tc.plan)
             start = state["pos"]
             reader = ChunkReader(train_ds.load_chunk, chunk_order(plan[start:]))
             bar = tqdm(total=len(plan), initial=start, desc=f"epoch {epoch + 1}/{tc.epochs}",
@@ -348,9 +349,9 @@ def load_best(log: RunLog, model, comm):
         model.load_state_dict(ckpt.load(log.checkpoints / "best.pt")["model"])
     if comm.size > 1:
         params = list(model.parameters())
-        vec = torch.nn.utils.parameters_to_vector(params).detach().cpu().numpy().copy()
+        vec = flatten_params(params)
         comm.bcast_(vec, 0, what="best-checkpoint broadcast")
-        torch.nn.utils.vector_to_parameters(torch.from_numpy(vec).to(params[0].device), params)
+        unflatten_params(vec, params)
 
 
 def save(log: RunLog, cfg, model, opt, state, ds, name: str):

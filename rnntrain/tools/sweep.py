@@ -11,6 +11,7 @@ one. Running the same sweep again skips finished runs and resumes stopped ones.
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 import shlex
 import subprocess
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from rnntrain.config import load_config, parse_override
 from rnntrain.errors import UserError
+from rnntrain.fsutil import atomic_write
 from rnntrain.tools.runs import read_status, summarize
 
 RESULT_KEYS = ("status", "epochs_done", "steps", "best_val_ler", "best_epoch",
@@ -168,13 +170,12 @@ def write_results(folder: Path, grid, runs) -> list[dict]:
         row.update({k: s.get(k) for k in RESULT_KEYS})
         rows.append(row)
     cols = ["run", *keys, *RESULT_KEYS]
-    tmp = folder / ".results.csv.tmp"
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: "" if r[k] is None else r[k] for k in cols})
-    tmp.replace(folder / "results.csv")
+    text = io.StringIO(newline="")
+    w = csv.DictWriter(text, fieldnames=cols)
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: "" if r[k] is None else r[k] for k in cols})
+    atomic_write(folder / "results.csv", text.getvalue())
     done = [r for r in rows if r["best_val_ler"] is not None]
     best = min(done, key=lambda r: r["best_val_ler"]) if done else None
 
