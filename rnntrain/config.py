@@ -69,7 +69,7 @@ class OptimConfig:
     schedule: Schedule = "constant"
     warmup_steps: int = non_negative(0)
     step_epochs: int = positive(10)  # "step" schedule: multiply lr by step_gamma every N epochs
-    step_gamma: float = field(default=0.5, metadata={"finite": True})
+    step_gamma: float = positive(0.5, finite=True)  # (<= 0 would make the lr 0 or negative)
     min_lr: float = non_negative(0.0, finite=True)        # "cosine" schedule floor
 
 
