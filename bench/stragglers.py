@@ -1,6 +1,6 @@
 """Straggler idle of N = 64 ranks: random shards vs the RNNLIB recipe vs ours.
 
-A simulation from lengths alone: the real shard tool's dealing (``data_tools.shard.deal``)
+A simulation from lengths alone: the real shard tool's dealing (``data_tools.shard.assign_shards``)
 and the real epoch planner (``rnntrain.data.plan.make_plan``) on a speech-like corpus; the
 cost of a rank's step is its padded frames (n × longest: an LSTM's time at fixed width).
 Straggler idle = Σ_steps Σ_ranks (max_rank − rank) / (N × Σ_steps max_rank): the share
@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from data_tools.shard import chunk_bounds, deal, metadata_dataset, shard_chunks
+from data_tools.shard import assign_shards, chunk_bounds, metadata_dataset, shard_chunks
 from rnntrain.data.dataset import Dataset, virtual_chunks
 from rnntrain.data.plan import make_plan, padding_ratio
 
@@ -67,9 +67,9 @@ def run(quick: bool = False) -> str:
         ("random shards (shuffled, consecutive batches)",
          sharded(lengths, rand, "shuffle", chunk_frames)),
         ("RNNLIB recipe (sorted, dealt, shuffled within shard)",
-         sharded(lengths, deal(lengths, RANKS, 1, "shuffle"), "shuffle", chunk_frames)),
+         sharded(lengths, assign_shards(lengths, RANKS, 1, "shuffle"), "shuffle", chunk_frames)),
         ("ours (sorted, dealt, length-grouped batches, shared batch order)",
-         sharded(lengths, deal(lengths, RANKS, 1, "sorted"), "sorted", chunk_frames)),
+         sharded(lengths, assign_shards(lengths, RANKS, 1, "sorted"), "sorted", chunk_frames)),
     ]
     single = Dataset("sim", ["a"], 1, lengths, [np.zeros(1, np.int32)] * n, [""] * n,
                      virtual_chunks("sim", lengths, chunk_frames * RANKS), [[0]])

@@ -85,7 +85,7 @@ def _first_diff(a: list[str], b: list[str]) -> str:
     return f"{len(a)} vs {len(b)} labels"
 
 
-def deal(lengths: np.ndarray, shards: int, seed: int, within: str) -> list[np.ndarray]:
+def assign_shards(lengths: np.ndarray, shards: int, seed: int, within: str) -> list[np.ndarray]:
     """Input sequence indices per shard.
 
     The length-sorted list is dealt in rounds of N: each shard takes one sequence of each
@@ -160,7 +160,7 @@ def chunk_bounds(per_shard: list[np.ndarray], lengths: np.ndarray, chunk_frames:
     if chunk_seqs:
         return list(range(0, width, chunk_seqs)) + [width]
     longest = np.zeros(width, np.int64)
-    for s in per_shard:   # positions aligned at the end (see deal)
+    for s in per_shard:   # positions aligned at the end (see assign_shards)
         longest[width - len(s):] = np.maximum(longest[width - len(s):], lengths[s])
     cuts, acc = [0], 0
     for i, n in enumerate(longest.tolist()):
@@ -244,7 +244,7 @@ def shard(paths: list[str], shards: int, out: str, chunk_frames: int | None = No
     n = len(corpus.lengths)
     if n < shards:
         raise UserError(f"{n} sequences cannot fill {shards} shards")
-    per_shard = deal(corpus.lengths, shards, seed, within)
+    per_shard = assign_shards(corpus.lengths, shards, seed, within)
     cuts = chunk_bounds(per_shard, corpus.lengths, chunk_frames, chunk_seqs)
     try:
         outdir.mkdir(parents=True, exist_ok=True)

@@ -6,8 +6,10 @@ Phase 1 (only with more than one rank): start-up synchronisation with deliberate
 different weights and optimizer state per rank; writes OUT/sync-rank<r>.npy (the checksum
 before and after) and checks that a disagreement raises UserError on every rank.
 Phase 2: one training run per NAME (overrides separated by commas, in one process so the
-interpreter starts once); rank 0 writes OUT/<NAME>.npz with the final weights.
+interpreter starts once); rank 0 writes OUT/<NAME>.npz with the final weights, every rank
+OUT/<NAME>.calls-rank<r>.json with the collectives the run issued (by method).
 """
+import json
 import sys
 from pathlib import Path
 
@@ -56,7 +58,10 @@ def main():
     for spec in runs:
         name, _, ov = spec.partition("=")
         overrides = [o for o in ov.split(",") if o] + [f"run.dir={out / name}"]
+        before = dict(comm.calls)
         train(load_config(config, overrides), config, overrides)
+        calls = {k: v - before.get(k, 0) for k, v in comm.calls.items()}
+        (out / f"{name}.calls-rank{comm.rank}.json").write_text(json.dumps(calls))
         if comm.rank == 0:
             ck = torch.load(out / name / "checkpoints" / "last.pt", weights_only=True)
             np.savez(out / f"{name}.npz", **{k: v.numpy() for k, v in ck["model"].items()})

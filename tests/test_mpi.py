@@ -13,11 +13,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 import pytest
 
 from rnntrain.parallel.mpi import launched_by_mpi
 from rnntrain.parallel.exchange import WireCodec
 
+from rnntrain.tools.report import SPLIT_KEYS
 from tests.conftest import ROOT, mpiexec
 
 TINY = """[data]
@@ -80,14 +82,16 @@ def test_wire_codec_sums_like_fp32(wire):
     n = 5000
     a = (rng.standard_normal(n) * 10.0 ** rng.integers(-7, 6, n)).astype(np.float32)
     b = (rng.standard_normal(n) * 10.0 ** rng.integers(-7, 6, n)).astype(np.float32)
-    sa, sb = np.array([1.5, 2, 300, 4, 5], np.float32), np.array([2.25, 3, 7000, 1, 1], np.float32)
+    # the message tail: loss, seqs, frames, errors, ref labels, then the stop flag
+    sa = np.array([1.5, 2, 300, 4, 5, 0], np.float32)
+    sb = np.array([2.25, 3, 7000, 1, 1, 1], np.float32)
     c = WireCodec(wire, n)
     ma, mb = np.zeros(c.nbytes, np.uint8), np.zeros(c.nbytes, np.uint8)
     c.encode_into(ma, a, sa, 0.0)
     c.encode_into(mb, b, sb, 0.0)
     c.combine(ma, mb)                    # mb <- a + b
     g, stats, flag = c.decode(mb)
-    np.testing.assert_array_equal(stats, sa + sb)    # counts travel exactly in fp32
+    np.testing.assert_array_equal(stats, sa + sb)    # counts and stop flags exact in fp32
     assert flag == 0
     ref = a.astype(np.float64) + b
     # relative error of each value: at most a few 16-bit roundings (bf16 8 bits, fp16 11
@@ -106,7 +110,7 @@ def test_wire_combine_is_commutative_and_flags_nonfinite(wire):
     n = 1000
     c = WireCodec(wire, n)
     x, y = (rng.standard_normal(n).astype(np.float32) * 1e3 for _ in range(2))
-    st = np.ones(5, np.float32)
+    st = np.ones(6, np.float32)  # stats and stop flag
     mx, my = np.zeros(c.nbytes, np.uint8), np.zeros(c.nbytes, np.uint8)
     c.encode_into(mx, x, st, 0.0)
     c.encode_into(my, y, st, 1.0)        # y's rank had an Inf/NaN
@@ -155,11 +159,39 @@ def test_n_ranks_train_like_one_rank_in_both_modes(tiny_config, tmp_path):
         assert x[1] == s[0][0]                         # everyone holds rank 0's weights
         assert x[2] == s[0][2] and x[3] == 10          # and its Adam state and step
         assert x[4] == 1.0                             # a disagreement raised everywhere
-    # the straggler gap is reported at each log interval, on rank 0 only
+    # the straggler gap is reported at each log interval, on rank 0 only, with every
+    # rank's step-time split
     lines = (out / "ar3" / "metrics.jsonl").read_text().splitlines()
     recs = [json.loads(x) for x in lines]
     assert recs and all(x["straggler_gap_s"] >= 0 and 0 <= x["slowest_rank"] < 3
                         for x in recs)
+    assert all(len(x["ranks"]) == 3 and all(set(r) == set(SPLIT_KEYS) for r in x["ranks"])
+               for x in recs)
+    check_collective_schedule(out)
+
+
+def check_collective_schedule(out):
+    """The collectives each rank issued match docs/scaling.md ("Which collectives run
+    when"): per step, allreduce mode one allreduce (stop flag inside), master mode one
+    reduce + one weight broadcast; per log step one buffer allgather; the object
+    collectives (pickled) at start-up only. No validation set here, so nothing else."""
+    for name, mode in (("ar2", "allreduce"), ("ms2", "master"), ("ar3", "allreduce"),
+                       ("ms3", "master")):
+        ranks = 2 if name.endswith("2") else 3
+        steps = torch.load(out / name / "checkpoints" / "last.pt",
+                           weights_only=True)["state"]["step"]
+        logs = sum(json.loads(x)["split"] == "train" for x in
+                   (out / name / "metrics.jsonl").read_text().splitlines())
+        assert steps >= 10 and logs >= 3
+        for r in range(ranks):
+            c = json.loads((out / f"{name}.calls-rank{r}.json").read_text())
+            per_step = {"allreduce_": steps, "reduce_": 0, "bcast_": 1} if mode == "allreduce" \
+                else {"allreduce_": 0, "reduce_": steps, "bcast_": steps + 1}
+            for k, v in {**per_step, "allgather_": logs}.items():  # bcast_ + 1: start-up
+                assert c.get(k, 0) == v, (name, r, k, c)
+            start_up = sum(c.get(k, 0) for k in ("bcast_obj", "allgather", "check_same",
+                                                 "barrier", "roster"))
+            assert start_up <= 6, (name, r, c)  # a fixed few, not per step
 
 
 def fault(n, tiny_config, tmp_path, rank, kind, step=3, extra=(), mpi_args=()):

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from data_tools.shard import chunk_bounds, deal, metadata_dataset, shard_chunks
+from data_tools.shard import assign_shards, chunk_bounds, metadata_dataset, shard_chunks
 from rnntrain.data.dataset import Dataset, virtual_chunks
 from rnntrain.errors import UserError
-from rnntrain.data.plan import (PLANNERS, Step, chunk_order, group_by_length, make_plan,
+from rnntrain.data.plan import (PLANNERS, Batch, chunk_order, group_by_length, make_plan,
                                 padding_ratio, remainder_note, rng_for)
 
 
@@ -35,7 +35,7 @@ def sharded(lengths: np.ndarray, n_shards: int, per_chunk: int, within: str = "s
     """What the shard tool writes (its own dealing and chunk cuts, without payload), or
     shards cut into per-shard ``chunk_sizes`` like a hand-made manifest; global ids
     consecutive over shards and chunks."""
-    shards_src = deal(lengths, n_shards, 5, within)
+    shards_src = assign_shards(lengths, n_shards, 5, within)
     if chunk_sizes:
         parts = []
         for src, sizes in zip(shards_src, chunk_sizes):
@@ -174,7 +174,7 @@ def naive_random_plan(ds, keep, batch_frames, seed, epoch, rank, world):
         batches = group_by_length(np.flatnonzero(keep & mine), ds.lengths,
                                   max(1, batch_frames // world), rng_for(seed, epoch, r))
         order = rng_for(seed, epoch, r, 1).permutation(len(batches))
-        plans.append([Step(0, tuple(int(s) for s in batches[i])) for i in order])
+        plans.append([Batch(0, tuple(int(s) for s in batches[i])) for i in order])
     n = min(len(p) for p in plans)
     return plans[rank][:n]
 

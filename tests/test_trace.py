@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from rnntrain.parallel import collectives
 from rnntrain.parallel import mpi as dist
 from rnntrain.run import trace
 from rnntrain.data.reader import ChunkReader
@@ -43,7 +44,7 @@ def test_disabled_tracer_records_nothing():
     trace.begin_step(0)
     trace.complete("barrier wait", 0.0, 1.0)
     assert trace._events == []
-    assert trace.finish(dist.LocalComm()) is None
+    assert trace.finish(0, 1, lambda ev: [ev]) is None
 
 
 def test_window_pool_and_reader_spans(tmp_path):
@@ -53,7 +54,7 @@ def test_window_pool_and_reader_spans(tmp_path):
     path = tmp_path / "t.json"
     trace.configure(str(path), (1, 3))
     comm = dist.LocalComm()
-    trace.attach(comm)
+    trace.attach(lambda: collectives.wait_for_all(comm))
     pool = WorkerPool(lambda w, t: time.sleep(0.002 * (t.index + 1)) or t.index, 2)
     reader = ChunkReader(lambda k: {k: k}, list(range(4)))
     try:
@@ -68,7 +69,7 @@ def test_window_pool_and_reader_spans(tmp_path):
     finally:
         pool.close()
         reader.close()
-    assert trace.finish(comm) == str(path)
+    assert trace.finish(0, 1, lambda ev: collectives.gather_all(comm, ev)) == str(path)
     doc = json.loads(path.read_text())
     names = _thread_names(doc)
     steps = _spans(doc, "step")

@@ -1,10 +1,11 @@
-"""One optimizer step: task compute on workers, fixed-order reduce, update.
+"""The compute of one step: tasks on the workers, then the fixed-order reduce.
 
 Workers run ``TaskComputer`` on micro-batches: collate and pad their own frames, forward,
 CTC, and ``torch.autograd.grad`` into the task's own flat gradient buffer (never into the
 shared ``.grad``). The main thread sums the task buffers in task order into one flat
 contiguous buffer (``FlatGrad``), which is also the MPI message; the parameters' ``.grad``
 are views into it, so the optimizer reads the reduced gradient without a copy.
+``run.step.StepRunner`` drives both, then the exchange and the update.
 """
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ from rnntrain.compute.pool import CostModel, Task
 # they stay on the device until read at a log interval
 N_STATS = 5
 STAT_NAMES = ("loss", "seqs", "frames", "errors", "ref_labels")
+# the gradient message has one more slot after the stats: the stop flag (number of ranks
+# asking to stop, see ``FlatGrad.msg``), so that stopping needs no collective of its own
+MSG_TAIL = N_STATS + 1
 
 
 def collate(frames: list[np.ndarray], pin: bool = False, pad_to: int = 0):
@@ -46,20 +50,23 @@ class TaskComputer:
 
     Task ``k`` writes only ``buffers[k]``: [gradient | loss, seqs, frames, errors, refs].
     Nothing in ``__call__`` reads a device value on the host unless ``want_errors`` is set
-    (the training label errors need the best path on the host): on a GPU the train loop
-    sets it on logging steps only, on CPU on every step (free there).
+    (the training label errors need the best path on the host): on a GPU the step runner
+    sets it on logging steps only, on CPU on every step (free there). ``begin_step`` sets
+    it, with the step's random key, before the pool runs the tasks.
     """
 
     def __init__(self, model, device: torch.device, input_noise: float = 0.0,
-                 precision: str = "fp32", round_lengths: int = 0):
+                 precision: str = "fp32", round_lengths: int = 0,
+                 scaler: LossScaler | None = None):
         self.model, self.device, self.noise = model, device, input_noise
         self.params = [p for p in model.parameters()]
         self.numel = sum(p.numel() for p in self.params)
         self.buffers: list[torch.Tensor] = []
         self.precision, self.round_lengths = precision, round_lengths
         self.dtype = autocast_dtype(precision, device)
-        self.scaler = LossScaler(device, enabled=precision == "fp16")
-        self.key = (0, 0, 0)  # (seed, epoch, step): set by the main thread before run()
+        # fp16 loss scale: the workers multiply the loss by it (owned by the step runner)
+        self.scaler = scaler or LossScaler(device, enabled=precision == "fp16")
+        self.key = (0, 0, 0)  # (seed, epoch, batch index): set by begin_step
         self.want_errors = True
         self.ready = Fence(device)
 
@@ -67,10 +74,23 @@ class TaskComputer:
         while len(self.buffers) < n:
             self.buffers.append(torch.zeros(self.numel + N_STATS, device=self.device))
 
-    def begin_step(self):
-        """Main thread, before ``pool.run``: the workers' streams wait for everything queued
-        so far (the previous update, the previous reduce of the task buffers)."""
+    def begin_step(self, n_tasks: int = 0, key: tuple[int, int, int] | None = None,
+                   want_errors: bool | None = None):
+        """Main thread, before ``pool.run``: buffers for ``n_tasks`` tasks, the step's
+        random key (seed, epoch, batch index) and whether to count label errors; the
+        workers' streams then wait for everything queued so far (the previous update, the
+        previous reduce of the task buffers)."""
+        self.ensure_buffers(n_tasks)
+        if key is not None:
+            self.key = key
+        if want_errors is not None:
+            self.want_errors = want_errors
         self.ready = Fence(self.device).mark()
+
+    def task_buffers(self, n: int) -> list[torch.Tensor]:
+        """The first ``n`` task buffers, in task order (what ``FlatGrad.reduce_tasks``
+        sums)."""
+        return self.buffers[:n]
 
     def __call__(self, worker: int, task: Task) -> Fence:
         """Returns a fence marked after this task's last kernel (wait on it to read the
@@ -128,12 +148,20 @@ def cost_model_for(model, precision: str = "fp32") -> CostModel:
 class FlatGrad:
     """One contiguous buffer [gradient | loss, seqs, frames, errors, refs]; ``.grad`` of
     every parameter is a view into it. It lives on the model's device; the figures at its
-    end stay there too (``stats_tensor``) until the loop reads them."""
+    end stay there too (``stats_tensor``) until the loop reads them.
+
+    ``msg`` is the gradient message between ranks: ``buf`` plus one slot, the stop flag
+    (``STOP``), in the same storage, so the stop request travels with the gradient at no
+    extra collective and, on the CPU, without a copy.
+    """
+
+    STOP = N_STATS  # index of the stop flag in the message tail (after the stats)
 
     def __init__(self, params: list[torch.nn.Parameter], device: torch.device):
         self.params = params
         self.numel = sum(p.numel() for p in params)
-        self.buf = torch.zeros(self.numel + N_STATS, dtype=torch.float32, device=device)
+        self.msg = torch.zeros(self.numel + MSG_TAIL, dtype=torch.float32, device=device)
+        self.buf = self.msg[: self.numel + N_STATS]
         self.grad = self.buf[: self.numel]
         off = 0
         for p in params:

@@ -44,7 +44,7 @@ from rnntrain.errors import UserError
 
 
 @dataclass(frozen=True)
-class Step:
+class Batch:
     """One optimizer step as seen by one rank.
 
     chunk: the chunk every sequence of this step lives in; seqs: this rank's share of the
@@ -116,7 +116,7 @@ def snake_share(batch: np.ndarray, lengths: np.ndarray, rank: int, world: int) -
 
 
 def plan_length(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
-                rank: int = 0, world: int = 1, shuffle: bool = True) -> list[Step]:
+                rank: int = 0, world: int = 1, shuffle: bool = True) -> list[Batch]:
     """The ``length`` strategy (see the module doc): every rank forms the same global
     batches, chunk by chunk, and takes its dealt share (``snake_share``)."""
     rng = rng_for(seed, epoch)
@@ -130,7 +130,7 @@ def plan_length(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
         batches = group_by_length(ids, ds.lengths, batch_frames, rng if shuffle else None)
         if shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
-        steps += [Step(k, snake_share(b, ds.lengths, rank, world)) for b in batches]
+        steps += [Batch(k, snake_share(b, ds.lengths, rank, world)) for b in batches]
     return steps
 
 
@@ -182,7 +182,7 @@ def _blocks(per_shard: list[list[np.ndarray]]) -> list[list[tuple[int, int, list
 
 
 def plan_sharded(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
-                 rank: int = 0, world: int = 1, shuffle: bool = True) -> list[Step]:
+                 rank: int = 0, world: int = 1, shuffle: bool = True) -> list[Batch]:
     """Rank ``rank``'s steps for one epoch over a sharded dataset (see the module doc).
 
     The global batch of a step is the union of the ranks' batches: n positions × W ranks
@@ -208,7 +208,7 @@ def plan_sharded(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
         for blk in _blocks(per_shard):
             blocks.append([([group[r][o[r]] if o[r] >= 0 else -1 for r in range(world)],
                             [f[a:b] for f in flat]) for a, b, o in blk])
-    steps: list[Step] = []
+    steps: list[Batch] = []
     for u in (rng.permutation(len(blocks)) if shuffle else range(len(blocks))):
         for chunk_of, pos in blocks[u]:
             batches = _batches(ds, keep, pos, batch_frames, world)
@@ -220,7 +220,7 @@ def plan_sharded(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
                 ids = ids[ids >= 0]
                 ids = ids[keep[ids]]
                 ids = ids[np.argsort(-ds.lengths[ids], kind="stable")]
-                steps.append(Step(chunk_of[rank], tuple(int(s) for s in ids)))
+                steps.append(Batch(chunk_of[rank], tuple(int(s) for s in ids)))
     return _fill_empty(steps, ds.source, rank)
 
 
@@ -239,7 +239,7 @@ def _batches(ds, keep: np.ndarray, pos: list[np.ndarray], batch_frames: int,
     return _cut(live, longest, batch_frames, world)
 
 
-def _fill_empty(steps: list[Step], source: str, rank: int) -> list[Step]:
+def _fill_empty(steps: list[Batch], source: str, rank: int) -> list[Batch]:
     """Steps where this rank's shard has already ended (chunk -1, no sequences) stay on a
     chunk the rank visits anyway, so the reader neither moves nor reads anything extra."""
     real = [s.chunk for s in steps if s.chunk >= 0]
@@ -249,7 +249,7 @@ def _fill_empty(steps: list[Step], source: str, rank: int) -> list[Step]:
     out = []
     for s in steps:
         prev = s.chunk if s.chunk >= 0 else prev
-        out.append(s if s.chunk >= 0 else Step(prev, s.seqs))
+        out.append(s if s.chunk >= 0 else Batch(prev, s.seqs))
     return out
 
 
@@ -269,7 +269,7 @@ def _cut(live: np.ndarray, longest: np.ndarray, batch_frames: int,
 
 
 def plan_random(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
-                rank: int = 0, world: int = 1, shuffle: bool = True) -> list[Step]:
+                rank: int = 0, world: int = 1, shuffle: bool = True) -> list[Batch]:
     """The ``random`` strategy (see the module doc): rank r batches its own random 1/W of
     each chunk alone under ``batch_frames // W``; per chunk every rank keeps the shortest
     rank's step count, so that all ranks take the same number of steps."""
@@ -291,11 +291,11 @@ def plan_random(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
             order = rng_order.permutation(len(batches)) if shuffle else range(len(batches))
             per_rank.append([batches[i] for i in order])
         n = min(len(b) for b in per_rank)
-        steps += [Step(k, tuple(int(s) for s in b)) for b in per_rank[rank][:n]]
+        steps += [Batch(k, tuple(int(s) for s in b)) for b in per_rank[rank][:n]]
     return steps
 
 
-Planner = Callable[..., "list[Step]"]
+Planner = Callable[..., "list[Batch]"]
 # strategy name -> planner(ds, keep, batch_frames, seed, epoch, rank, world, shuffle)
 PLANNERS: dict[str, Planner] = {"length": plan_length, "sharded": plan_sharded,
                                 "random": plan_random}
@@ -313,7 +313,7 @@ def strategy_for(ds, strategy: str = "auto") -> str:
 
 def make_plan(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
               rank: int = 0, world: int = 1, shuffle: bool = True,
-              round_lengths: int = 0, strategy: str = "auto") -> list[Step]:
+              round_lengths: int = 0, strategy: str = "auto") -> list[Batch]:
     """The epoch's steps for ``rank`` of ``world``.
 
     ds: a Dataset (only lengths, chunks, shards and ``within`` are used); keep: (N,) bool
@@ -327,14 +327,14 @@ def make_plan(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
     return planner(ds, keep, batch_frames, seed, epoch, rank, world, shuffle)
 
 
-def padding_ratio(steps: list[Step], lengths: np.ndarray) -> float:
+def padding_ratio(steps: list[Batch], lengths: np.ndarray) -> float:
     """Padded frames / real frames over a plan (1.0 = no padding)."""
     padded = sum(len(s.seqs) * int(lengths[list(s.seqs)].max()) for s in steps if s.seqs)
     real = sum(int(lengths[list(s.seqs)].sum()) for s in steps if s.seqs)
     return padded / max(real, 1)
 
 
-def chunk_order(steps: list[Step]) -> list[int]:
+def chunk_order(steps: list[Batch]) -> list[int]:
     """The chunks a plan visits, in order, each once."""
     out: list[int] = []
     for s in steps:

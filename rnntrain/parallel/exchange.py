@@ -1,8 +1,9 @@
 """The gradient exchange between ranks: one collective per step, two modes, three wires.
 
-The step's message is the ``FlatGrad`` buffer [gradient (P,) | loss, seqs, frames, errors,
-ref_labels], so the counts used for loss normalisation are global (N ranks with global
-batch B make the same update as one rank with batch B).
+The step's message is the ``FlatGrad`` message [gradient (P,) | loss, seqs, frames, errors,
+ref_labels | stop flag], so the counts used for loss normalisation are global (N ranks with
+global batch B make the same update as one rank with batch B), and a stop request (SIGINT/
+SIGTERM on any rank) reaches every rank in the same step without a collective of its own.
 
 - ``dist.mode = "allreduce"`` (default): one Allreduce; every rank applies the same update.
 - ``dist.mode = "master"``: Reduce to rank 0, rank 0 steps the optimizer (it computes too)
@@ -15,8 +16,8 @@ batch B make the same update as one rank with batch B).
   counts ranks whose local gradient was Inf/NaN, so the step is skipped everywhere.
 
 Also here: start-up synchronisation (weights, optimizer and loop state from rank 0,
-checked with a checksum) and the per-log-interval gather of per-rank compute times
-(straggler gap) and weight checksums.
+checked with a checksum) and the per-log-interval gather (one numpy allgather) of per-rank
+compute times (straggler gap), step-time splits and weight checksums.
 """
 from __future__ import annotations
 
@@ -26,10 +27,11 @@ import torch
 from rnntrain.compute.device import masked_step
 from rnntrain.compute.model import flatten_params, unflatten_params
 from rnntrain.errors import UserError
-from rnntrain.compute.tasks import N_STATS, FlatGrad
+from rnntrain.compute.tasks import MSG_TAIL, FlatGrad
 
-# header of a 16-bit message, float32: scale, non-finite flag, then the N_STATS stats
-_HDR = 2 + N_STATS
+# header of a 16-bit message, float32: scale, non-finite flag, then the message tail
+# (the N_STATS stats and the stop flag)
+_HDR = 2 + MSG_TAIL
 _FP16_MAX = 65504.0
 
 
@@ -79,7 +81,7 @@ class WireCodec:
             body[:] = (grad * scale).astype(np.float16).view(np.uint16)
 
     def decode(self, msg: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-        """→ (gradient (P,) float32, stats (N_STATS,) float32, non-finite flag)."""
+        """→ (gradient (P,) float32, tail (MSG_TAIL,) float32, non-finite flag)."""
         hdr, body = self._views(msg)
         if self.wire == "bf16":
             g = _from_bf16(body)
@@ -95,7 +97,14 @@ class WireCodec:
 
 
 class Exchange:
-    """Per-step exchange of the flat gradient; train.py calls reduce → step → publish."""
+    """Per-step exchange of the flat gradient message; ``run.step.StepRunner`` calls
+    ``reduce`` → ``apply_update`` → ``publish`` once per step, ``window`` at log steps.
+
+    Collectives per step: allreduce mode, exactly one (the message); master mode, two (the
+    reduce of the message, then the weight broadcast). The stop flag rides them: in the
+    message's last slot (summed: the number of ranks asking to stop), and in master mode
+    also in the last slot of the weight broadcast, so every rank learns rank 0's verdict.
+    """
 
     def __init__(self, comm, dcfg, flat: FlatGrad, params: list[torch.nn.Parameter]):
         self.comm, self.mode, self.wire = comm, dcfg.mode, dcfg.wire
@@ -103,29 +112,36 @@ class Exchange:
         self.root = comm.rank == 0
         # optimizer steps here: every rank in allreduce mode, rank 0 only in master mode
         self.updates = self.mode == "allreduce" or self.root
-        cpu = flat.buf.device.type == "cpu"
+        cpu = flat.msg.device.type == "cpu"
         # GPU ranks stage the message in pinned host memory (MPI reads host memory unless
         # it is CUDA-aware); on the CPU the flat buffer itself is the message (no copy)
-        self._pinned = None if cpu else torch.empty(flat.buf.numel(), pin_memory=True)
-        self.host = flat.buf.numpy() if cpu else self._pinned.numpy()
+        self._pinned = None if cpu else torch.empty(flat.msg.numel(), pin_memory=True)
+        self.host = flat.msg.numpy() if cpu else self._pinned.numpy()
         n_params = sum(p.numel() for p in params)
-        self.weights = np.zeros(n_params, np.float32)
+        # master mode's broadcast: [weights (P,) | stop flag]
+        self.weights = np.zeros(n_params + 1, np.float32)
         self.codec = WireCodec(self.wire, flat.numel) if self.wire != "fp32" else None
         self.msg = np.zeros(self.codec.nbytes, np.uint8) if self.codec else None
         self.bytes_sent = 0           # message bytes handed to MPI by this rank (all steps)
         self._compute: list[float] = []
+        self._stop = False
         # the same op object for every step so dist caches one MPI op and datatype
         self._combine = self.codec.combine if self.codec else None
 
-    def reduce(self, step: int, compute_s: float = 0.0):
-        """Sum every rank's flat buffer: on every rank (allreduce) or on rank 0 (master)."""
+    def reduce(self, step: int, compute_s: float = 0.0, stop: bool = False):
+        """Sum every rank's message (gradient, figures, stop flag): on every rank
+        (allreduce) or on rank 0 (master). ``stop``: this rank asks to stop after this
+        step; ``publish`` returns the verdict every rank shares."""
         self._compute.append(compute_s)
+        self._stop = stop
         if self.comm.size == 1:
             return
         what = f"gradient exchange of step {step}"
         flat = self.flat
+        stop_at = flat.numel + flat.STOP
         if self._pinned is not None:
-            self._pinned.copy_(flat.buf)
+            self._pinned.copy_(flat.msg)
+        self.host[stop_at] = 1.0 if stop else 0.0  # host side: no device write to wait for
         if self.codec is None:
             buf = self.host
         else:
@@ -145,52 +161,65 @@ class Exchange:
             if flag:
                 stats[0] = np.nan  # some rank had Inf/NaN: the step is skipped everywhere
             self.host[: flat.numel], self.host[flat.numel:] = grad, stats
+        self._stop = bool(self.host[stop_at] > 0)  # read on the host copy: no device sync
         if self._pinned is not None:
-            flat.buf.copy_(self._pinned, non_blocking=False)
+            flat.msg.copy_(self._pinned, non_blocking=False)
 
-    def step(self, opt: torch.optim.Optimizer, finite: torch.Tensor):
+    def apply_update(self, opt: torch.optim.Optimizer, finite: torch.Tensor):
         """The optimizer update, where this mode makes it; skipped when ``finite`` (0-dim
         bool tensor: loss and gradient free of NaN/Inf) is False, without a host read on
         a GPU (``device.masked_step``)."""
         if self.updates:
             masked_step(opt, finite)
 
-    def publish(self, step: int):
-        """Master mode: rank 0's new weights to every rank (unconditionally, so a skipped
-        update on rank 0 can never leave the others waiting)."""
+    def publish(self, step: int) -> bool:
+        """Master mode: rank 0's new weights and stop verdict to every rank
+        (unconditionally, so a skipped update on rank 0 can never leave the others
+        waiting). → True on every rank when some rank asked to stop after this step."""
         if self.mode != "master" or self.comm.size == 1:
-            return
+            return self._stop
         if self.root:
-            self.weights[:] = flatten_params(self.params)
+            self.weights[:-1] = flatten_params(self.params)
+            self.weights[-1] = 1.0 if self._stop else 0.0
         self.comm.bcast_(self.weights, 0, what=f"weight broadcast of step {step}")
         self.bytes_sent += self.weights.nbytes if self.root else 0
         if not self.root:
-            unflatten_params(self.weights, self.params)
+            unflatten_params(self.weights[:-1], self.params)
+            self._stop = bool(self.weights[-1] > 0)
+        return self._stop
 
-    def window(self) -> dict:
-        """At a log interval, on every rank (one collective): per-rank compute time per
-        step and the weight checksum. → straggler gap (mean over steps of max − min
-        compute over ranks), slowest rank; a weight mismatch between ranks is an error."""
+    def window(self, per_rank: dict[str, float] | None = None) -> dict:
+        """At a log step, on every rank (one buffer collective, an allgather of
+        [weight checksum | ``per_rank`` values | compute time of each step]). → straggler
+        gap (mean over steps of max − min compute over ranks), slowest rank and, under
+        "ranks", every rank's ``per_rank`` values; a weight mismatch between ranks is an
+        error. Alone: {} (nothing to compare)."""
         times = np.array(self._compute, np.float64)
         self._compute = []
         if self.comm.size == 1:
             return {}
-        row = np.concatenate([[_checksum(self.params)], times])
+        keys = list(per_rank or {})
+        row = np.concatenate([[_checksum(self.params)],
+                              [float(per_rank[k]) for k in keys], times])
         rows = self.comm.allgather_(row, what="metrics gather")
-        sums, t = rows[:, 0], rows[:, 1:]
+        sums, extra, t = rows[:, 0], rows[:, 1: 1 + len(keys)], rows[:, 1 + len(keys):]
         if np.any(sums != sums[0]):
             raise UserError("weights differ between ranks (checksums " +
                             ", ".join(f"rank {r}: {s!r}" for r, s in enumerate(sums)) +
                             "): the ranks' updates diverged")
-        per_rank = t.mean(axis=1) if t.shape[1] else np.zeros(len(t))
-        return {"straggler_gap_s": float((t.max(0) - t.min(0)).mean()) if t.shape[1] else 0.0,
-                "compute_max_s": float(per_rank.max()), "compute_min_s": float(per_rank.min()),
-                "slowest_rank": int(per_rank.argmax())}
+        per_rank_t = t.mean(axis=1) if t.shape[1] else np.zeros(len(t))
+        out = {"straggler_gap_s": float((t.max(0) - t.min(0)).mean()) if t.shape[1] else 0.0,
+               "compute_max_s": float(per_rank_t.max()),
+               "compute_min_s": float(per_rank_t.min()),
+               "slowest_rank": int(per_rank_t.argmax())}
+        if keys:
+            out["ranks"] = [{k: round(float(v), 6) for k, v in zip(keys, r)} for r in extra]
+        return out
 
     def sync_start(self, model, opt, state: dict) -> dict:
-        """Rank 0's weights, optimizer state and loop state to every rank, then verify on
-        every rank a checksum of the weights and optimizer state (a mismatch: error before
-        step 1). Returns the loop state (rank 0's)."""
+        """Rank 0's weights, optimizer state and loop state (``TrainState.state_dict()``)
+        to every rank, then verify on every rank a checksum of the weights and optimizer
+        state (a mismatch: error before step 1). Returns the loop state (rank 0's)."""
         comm = self.comm
         if comm.size == 1:
             return state

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import Counter
 from typing import Callable, Mapping
 
 import numpy as np
@@ -91,6 +92,7 @@ class LocalComm:
     rank, size, local_rank, local_size = 0, 1, 0, 1
     name = "local"
     timeout_s = float("inf")
+    calls: Counter = Counter()  # alone nothing crosses a process boundary: stays empty
 
     def allreduce_(self, buf: np.ndarray, combine: Combine | None = None,
                    what: str = "allreduce") -> np.ndarray:
@@ -148,12 +150,16 @@ class MPIComm(LocalComm):
         # roll calls travel on their own communicator so they never match data messages
         self.ctl = self.comm.Dup()
         self.timeout_s = timeout_s
+        # collectives issued so far, by method: the documented schedule (docs/scaling.md,
+        # "Which collectives run when") is checked against these by tests/test_mpi.py
+        self.calls: Counter[str] = Counter()
         self._ops: dict = {}
         self._idle = threading.Event()  # never set: a bounded sleep between Tests
 
     # ---- per-step collectives, all non-blocking + deadline
     def allreduce_(self, buf, combine=None, what="allreduce"):
         assert buf.flags.c_contiguous
+        self.calls["allreduce_"] += 1
         if combine is None:
             req = self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
         else:
@@ -164,6 +170,7 @@ class MPIComm(LocalComm):
 
     def reduce_(self, buf, root=0, combine=None, what="reduce"):
         assert buf.flags.c_contiguous
+        self.calls["reduce_"] += 1
         send = self.MPI.IN_PLACE if self.rank == root else buf
         if combine is None:
             recv = buf if self.rank == root else None
@@ -178,10 +185,12 @@ class MPIComm(LocalComm):
 
     def bcast_(self, buf, root=0, what="broadcast"):
         assert buf.flags.c_contiguous
+        self.calls["bcast_"] += 1
         self._wait(self.comm.Ibcast(buf, root=root), what)
         return buf
 
     def allgather_(self, buf, what="allgather"):
+        self.calls["allgather_"] += 1
         buf = np.ascontiguousarray(buf)
         out = np.empty((self.size, *buf.shape), buf.dtype)
         self._wait(self.comm.Iallgather(buf, out), what)
@@ -189,21 +198,26 @@ class MPIComm(LocalComm):
 
     # ---- start-up (blocking, small)
     def allgather(self, obj) -> list:
+        self.calls["allgather"] += 1
         return self.comm.allgather(obj)
 
     def bcast_obj(self, obj, root: int = 0):
+        self.calls["bcast_obj"] += 1
         return self.comm.bcast(obj, root=root)
 
     def check_same(self, value, what: str):
+        self.calls["check_same"] += 1
         values = self.comm.allgather(value)
         if any(v != values[0] for v in values):
             raise UserError(f"ranks disagree on {what}: " +
                             ", ".join(f"rank {r}: {v}" for r, v in enumerate(values)))
 
     def barrier(self):
+        self.calls["barrier"] += 1
         self.comm.Barrier()
 
     def roster(self) -> str:
+        self.calls["roster"] += 1
         ids = self.comm.allgather((os.getpid(), self.MPI.Get_processor_name()))
         return f"{self.size} MPI ranks: " + ", ".join(
             f"rank {r} = pid {pid} on {host}" for r, (pid, host) in enumerate(ids))

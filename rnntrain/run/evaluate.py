@@ -16,6 +16,7 @@ from rnntrain.data.plan import make_plan
 from rnntrain.data.reader import ChunkReader
 from rnntrain.compute.tasks import collate
 from rnntrain.compute.model import ctc_loss_sum
+from rnntrain.parallel.collectives import sum_over_ranks
 
 
 @torch.no_grad()
@@ -69,7 +70,8 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
         model.train(was_training)
     if comm is not None and comm.size > 1:
         for key, c in counts.items():
-            counts[key] = ErrorCounts.from_array(comm.allreduce_(c.as_array()))
+            counts[key] = ErrorCounts.from_array(sum_over_ranks(comm, c.as_array(),
+                                                                 f"{key} error counts"))
     if beam:
         b = counts["beam"]
         b.loss_sum, b.frames, b.skipped = (counts["best"].loss_sum, counts["best"].frames,

@@ -2,7 +2,9 @@
 
 ``StopFlag``: SIGINT/SIGTERM ask the loop to stop at the next step boundary; the loop then
 writes a checkpoint and exits 0. Under MPI every rank must stop after the same step (else
-the others wait forever in the next collective), so ``should_stop`` agrees over ranks.
+the others wait forever in the next collective): the flag travels in the step's gradient
+message (``Exchange.reduce``/``publish``), so the ranks agree without a collective of
+their own.
 
 ``BadSteps``: a step whose loss or gradient norm is NaN/Inf is skipped (no optimizer
 update) and counted; ``max_bad`` such steps in a row stop the run naming the sequences.
@@ -22,9 +24,9 @@ import signal
 import sys
 import threading
 
-import numpy as np
-
+from rnntrain.compute.device import NanGuard
 from rnntrain.errors import UserError
+from rnntrain.run.state import TrainState
 
 PAUSE_ENV = "RNNTRAIN_TEST_PAUSE"
 
@@ -54,15 +56,17 @@ class StopFlag:
             raise KeyboardInterrupt
         self.signal = signal.Signals(signum).name
 
-    def should_stop(self, comm) -> bool:
-        """True on every rank when any rank was signalled (one 4-byte collective)."""
-        if comm.size == 1:
-            return self.signal is not None
-        flag = np.array([1 if self.signal else 0], dtype=np.int32)
-        comm.allreduce_(flag)
-        if flag[0] and self.signal is None:
+    @property
+    def requested(self) -> bool:
+        """This process was signalled (what it puts into the step's message)."""
+        return self.signal is not None
+
+    def agree(self, stop: bool) -> bool:
+        """The verdict of the step's message (every rank's ``requested``, summed): True on
+        every rank when any rank was signalled; names the cause on the others."""
+        if stop and self.signal is None:
             self.signal = "a signal on another rank"
-        return bool(flag[0])
+        return stop
 
     def restore(self):
         for s, h in self._old.items():
@@ -79,21 +83,19 @@ def resume_hint(config_path, overrides, run_dir, launcher: str = "") -> str:
 
 
 class BadSteps:
-    """Counts skipped NaN/Inf steps; the counts live in the checkpointed ``state`` dict.
+    """Counts skipped NaN/Inf steps; the counts live in the checkpointed ``TrainState``
+    (``bad_in_row``, ``bad_total``).
 
     The per-step flag stays on the device (``device.NanGuard``): ``check`` reads it at host
     intervals (every step on CPU, where a read is free; at log intervals and before
     checkpoints on a GPU) and stops the run after ``max_bad`` skipped steps in a row.
     """
 
-    def __init__(self, state: dict, max_bad: int, device):
-        from rnntrain.compute.device import NanGuard
+    def __init__(self, state: TrainState, max_bad: int, device):
         self.state, self.max_bad = state, max_bad
-        state.setdefault("bad_in_row", 0)
-        state.setdefault("bad_total", 0)
         self.guard = NanGuard(device)
-        self.guard.run.fill_(state["bad_in_row"])  # a run of bad steps survives a resume
-        self.guard.worst.fill_(state["bad_in_row"])
+        self.guard.run.fill_(state.bad_in_row)  # a run of bad steps survives a resume
+        self.guard.worst.fill_(state.bad_in_row)
 
     def add(self, finite):
         """After the update of a step: ``finite`` (0-dim bool tensor) False = skipped."""
@@ -102,14 +104,14 @@ class BadSteps:
     def check(self, step_no: int, seq_names: list[str], log):
         """Bring the counts to the host; raise UserError after ``max_bad`` in a row."""
         skipped, worst = self.guard.read()
-        self.state["bad_in_row"] = int(self.guard.run)
+        self.state.bad_in_row = int(self.guard.run)
         if not skipped:
             return
-        self.state["bad_total"] += skipped
+        self.state.bad_total += skipped
         names = ", ".join(seq_names[:8]) + (" ..." if len(seq_names) > 8 else "")
         since = f"{skipped} since the last check, " if skipped > 1 else ""
         log.info(f"step {step_no}: loss or gradient is NaN/Inf; update skipped ({since}"
-                 f"{self.state['bad_total']} so far; last batch: sequences {names})")
+                 f"{self.state.bad_total} so far; last batch: sequences {names})")
         if worst >= self.max_bad:
             raise UserError(f"{worst} steps in a row with NaN/Inf loss or gradient "
                             f"(train.max_bad_steps = {self.max_bad}); last batch: "

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from rnntrain.errors import UserError
 from rnntrain.fsutil import atomic_write
@@ -107,12 +108,14 @@ def enabled() -> bool:
     return _cfg is not None
 
 
-def attach(comm):
-    """Align the clocks of the ranks (collective: every rank calls it at the same point)."""
+def attach(wait_for_all: Callable[[], None]):
+    """Align the clocks of the ranks: ``wait_for_all`` is the ranks' barrier
+    (``parallel.collectives.wait_for_all``; the tracer imports no stage, so it is passed
+    in), called on every rank at the same point when tracing is on."""
     global _t_ref, _on
     if _cfg is None:
         return
-    comm.barrier()
+    wait_for_all()
     _t_ref = time.perf_counter_ns()
     _on = _cfg["first"] == 0  # from step 0: include the first chunk load and the set-up
 
@@ -159,8 +162,11 @@ def _rank_events(rank: int) -> list[dict]:
     return out
 
 
-def finish(comm, failed: bool = False) -> str | None:
-    """Gather every rank's events on rank 0 and write the file; returns its path on rank 0.
+def finish(rank: int, size: int, gather_all: Callable[[list], list],
+           failed: bool = False) -> str | None:
+    """Gather every rank's events on rank 0 (``gather_all``: every rank's list, in rank
+    order; ``parallel.collectives.gather_all``) and write the file; returns its path on
+    rank 0.
 
     After a failure a collective could hang (a rank may be gone), so each rank writes its
     own ``FILE.rankN.json`` instead."""
@@ -170,19 +176,19 @@ def finish(comm, failed: bool = False) -> str | None:
     _on = False
     path, cfg = _cfg["path"], _cfg
     _cfg = None
-    mine = _rank_events(comm.rank)
+    mine = _rank_events(rank)
     if failed:
-        if comm.size > 1:
-            path = f"{path}.rank{comm.rank}.json"
-        _write(path, mine, cfg, [comm.rank])
+        if size > 1:
+            path = f"{path}.rank{rank}.json"
+        _write(path, mine, cfg, [rank])
         return path
-    gathered = comm.allgather(mine)
-    if comm.rank != 0:
+    gathered = gather_all(mine)
+    if rank != 0:
         return None
     events = [e for rank_events in gathered for e in rank_events]
-    _write(path, events, cfg, list(range(comm.size)))
+    _write(path, events, cfg, list(range(size)))
     spans = sum(e["ph"] == "X" for e in events)
-    print(f"trace: {spans} spans of steps {cfg['first']}:{cfg['last']} from {comm.size} "
+    print(f"trace: {spans} spans of steps {cfg['first']}:{cfg['last']} from {size} "
           f"rank(s) written to {path} (open in https://ui.perfetto.dev)", file=sys.stderr)
     return path
 

@@ -22,20 +22,11 @@ import numpy as np
 from rnntrain.errors import UserError
 from rnntrain.tools.runs import RunSummary, read_metrics, read_status, summarize
 
-# the Window fields of a train record that make up a step, as the trainer measures them
+# the fields of a train record that make up a step, as the trainer measures them
+# (``run.metrics.MetricsWindow``; every rank's, under "ranks", at the log steps)
 SPLIT_KEYS = ("data_wait_s", "compute_s", "reduce_s", "comm_s", "update_s", "barrier_idle")
 PHASES = ("data wait", "compute", "barrier wait", "communication", "update")
 PHASE_COLORS = ("#4c72b0", "#55a868", "#c44e52", "#8172b2", "#ccb974")
-
-
-def per_rank_split(comm, rec: dict) -> dict:
-    """Add every rank's step-time split to rank 0's train record (``rec["ranks"]``).
-
-    A collective: every rank calls it at the same log step (the log condition depends only
-    on the step number). Alone it returns ``rec`` unchanged."""
-    if comm.size > 1:
-        rec["ranks"] = comm.allgather({k: round(float(rec[k]), 6) for k in SPLIT_KEYS})
-    return rec
 
 
 def phase_seconds(r: dict) -> np.ndarray:

@@ -1,0 +1,164 @@
+"""One optimizer step as one unit: ``StepRunner``, and the batches that feed it.
+
+A step, in order (``StepRunner.run``):
+  split      the rank's batch into tasks of similar length (``pool.split_tasks``)
+  pool       the workers compute the tasks into their own buffers (``TaskComputer``)
+  reduce     the task buffers summed in task order into the flat message (``FlatGrad``)
+  exchange   the message summed over ranks, stop flag included (``Exchange.reduce``:
+             the step's one collective in allreduce mode)
+  normalise  by the global sequence/frame count and the fp16 loss scale; clip
+  lr         the schedule's learning rate for this step
+  update     the optimizer step, skipped on NaN/Inf without a host read (masked)
+  publish    master mode: rank 0's weights (and stop verdict) to every rank
+and returns a ``StepResult``. The loop (``run.train``) sees batches in and figures out.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from rnntrain.compute.device import LossScaler, worker_start
+from rnntrain.compute.optim import lr_factor, set_lr
+from rnntrain.compute.pool import BatchTiming, Task, WorkerPool, split_tasks
+from rnntrain.compute.tasks import FlatGrad, TaskComputer, cost_model_for
+from rnntrain.data.plan import Batch, chunk_order
+from rnntrain.data.reader import ChunkReader
+from rnntrain.parallel.exchange import Exchange
+from rnntrain.run import trace
+from rnntrain.run.faults import BadSteps
+from rnntrain.run.state import TrainState
+
+
+@dataclass
+class FedBatch:
+    """A plan entry with its frames: what the loop hands to ``StepRunner.run``."""
+    epoch: int
+    index: int                 # position in the epoch's plan
+    epoch_len: int             # batches in the epoch's plan
+    batch: Batch
+    payload: dict              # sequence id → frames (T_i, F), the batch's whole chunk
+    wait_s: float              # time the loop waited for the chunk reader
+
+
+class EpochFeed:
+    """The plan's batches from ``start`` on with their frames, read by one ``ChunkReader``
+    (at most two chunks resident: the previous one is dropped before the next is taken).
+    ``first_step``: the step counter at ``start`` (for the trace window). ``reader``
+    keeps the epoch's data-wait and load totals; ``close`` stops it (idempotent)."""
+
+    def __init__(self, ds, plan: list[Batch], epoch: int, start: int, first_step: int):
+        self.plan, self.epoch, self.start, self.first_step = plan, epoch, start, first_step
+        self.reader = ChunkReader(ds.load_chunk, chunk_order(plan[start:]))
+
+    def __iter__(self) -> Iterator[FedBatch]:
+        chunk, payload = None, None
+        for i in range(self.start, len(self.plan)):
+            batch = self.plan[i]
+            trace.begin_step(self.first_step + i - self.start)
+            t0 = time.perf_counter()
+            if batch.chunk != chunk:
+                payload = None  # drop the old chunk: at most two are resident
+                chunk, payload = self.reader.next()
+                assert chunk == batch.chunk, "reader out of plan order"
+            yield FedBatch(self.epoch, i, len(self.plan), batch, payload,
+                           time.perf_counter() - t0)
+
+    def close(self):
+        self.reader.close()
+
+
+@dataclass
+class StepResult:
+    """One step's figures. The tensors stay on the device until a log step reads them."""
+    stats: torch.Tensor    # (5,) global loss sum, sequences, frames, label errors, refs
+    norm: torch.Tensor     # () gradient norm before clipping
+    finite: torch.Tensor   # () bool: loss and gradient finite (the update was applied)
+    timing: BatchTiming    # the workers' busy and barrier-wait times
+    split: np.ndarray      # (5,) s: data wait, compute, reduce tasks, exchange, update
+    stop: bool             # every rank: some rank asked to stop after this step
+
+
+class StepRunner:
+    """Owns the step's machinery (task computer, worker pool, flat gradient, exchange,
+    loss scaler, NaN guard) and runs one step at a time (see the module docstring).
+
+    Build it, ``start(state)`` once (start-up sync of weights, optimizer and state from
+    rank 0; the fp16 loss scale and the bad-step counts from the state), ``run`` each
+    batch, ``close`` at the end. ``cfg``: the whole Config (train, optim, dist sections).
+    """
+
+    def __init__(self, cfg, model, opt: torch.optim.Optimizer, comm, device: torch.device,
+                 workers: int, ds, total_steps: int, scaler: LossScaler | None = None):
+        tc = cfg.train
+        self.cfg, self.opt, self.device, self.ds = cfg, opt, device, ds
+        self.workers, self.total_steps = workers, total_steps
+        params = list(model.parameters())
+        self.flat = FlatGrad(params, device)
+        self.exch = Exchange(comm, cfg.dist, self.flat, params)
+        self.computer = TaskComputer(model, device, tc.input_noise, tc.precision,
+                                     tc.round_lengths, scaler)
+        self.scaler = self.computer.scaler
+        # one CPU worker runs on this thread: its intra-op threads then share one OpenMP
+        # team with the update (see WorkerPool), instead of two teams throttling each other
+        self.pool = WorkerPool(self.computer, workers, tc.intra_threads,
+                               on_start=lambda w: worker_start(device),
+                               inline=workers == 1 and device.type == "cpu")
+        self.task_cost = cost_model_for(model, tc.precision if device.type == "cpu"
+                                        else "fp32")
+        self.bad: BadSteps | None = None
+
+    def start(self, model, state: TrainState) -> TrainState:
+        """Every rank: rank 0's weights, optimizer and training state (checksummed), then
+        the state's fp16 loss scale and NaN/Inf counts into the step's machinery."""
+        state = TrainState.from_dict(self.exch.sync_start(model, self.opt,
+                                                          state.state_dict()))
+        if self.scaler.enabled and state.loss_scale is not None:
+            self.scaler.load_state_dict(state.loss_scale)
+        self.bad = BadSteps(state, self.cfg.train.max_bad_steps, self.device)
+        return state
+
+    def run(self, fed: FedBatch, step: int, want_errors: bool, stop: bool) -> StepResult:
+        """Optimizer step ``step`` (0-based counter) on ``fed``. ``want_errors``: count
+        training label errors (a host read on a GPU); ``stop``: this rank asks to stop
+        after this step (travels in the gradient message)."""
+        tc, oc = self.cfg.train, self.cfg.optim
+        t1 = time.perf_counter()
+        seqs = fed.batch.seqs
+        groups = split_tasks(seqs, self.ds.lengths, self.workers * tc.tasks_per_worker,
+                             self.task_cost, self.workers)
+        tasks = [Task(j, g, ([fed.payload[s] for s in g], [self.ds.targets[s] for s in g]))
+                 for j, g in enumerate(groups)]
+        self.computer.begin_step(len(tasks), (tc.seed, fed.epoch, fed.index), want_errors)
+        fences, timing = self.pool.run(tasks)  # returns at the barrier
+        t2 = time.perf_counter()
+        self.flat.reduce_tasks(self.computer.task_buffers(len(tasks)), fences)
+        t3 = time.perf_counter()
+        self.exch.reduce(step + 1, t2 - t1, stop)  # gradients, counts, stop: one message
+        t4 = time.perf_counter()
+        scale = self.scaler.scale if self.scaler.enabled else None  # device-side: no read
+        norm, finite = self.flat.normalize_and_clip(oc.normalize, oc.clip_norm, scale)
+        set_lr(self.opt, oc.lr * lr_factor(oc, step, fed.epoch_len, self.total_steps))
+        self.exch.apply_update(self.opt, finite)  # skipped on NaN/Inf; master: rank 0 only
+        # an fp16 overflow the scale can still back off from is not a failing step
+        self.bad.add(finite | self.scaler.update(finite, self.flat.stats_tensor[0]))
+        stop = self.exch.publish(step + 1)  # master mode: rank 0's weights to all
+        t5 = time.perf_counter()
+        t0 = t1 - fed.wait_s
+        trace.phases(step, (t0, t1, t2, t3, t4, t5), seqs=len(seqs))
+        return StepResult(self.flat.stats_tensor.clone(), norm, finite, timing,
+                          np.array([fed.wait_s, t2 - t1, t3 - t2, t4 - t3, t5 - t4]), stop)
+
+    def check_bad(self, step: int, fed: FedBatch, log):
+        """Read the NaN/Inf counts on the host (see ``faults.BadSteps.check``)."""
+        self.bad.check(step, [self.ds.tag(s) for s in fed.batch.seqs], log)
+
+    def loss_scale_state(self) -> dict | None:
+        """The fp16 loss scaler's state for ``TrainState.loss_scale`` (None: no scaling)."""
+        return self.scaler.state_dict() if self.scaler.enabled else None
+
+    def close(self):
+        self.pool.close()
