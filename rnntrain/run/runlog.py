@@ -115,6 +115,7 @@ def claim_run_folder(comm, run_dir: Path, resume: str | None) -> RunLock | None:
     checkpoints, and (only now, under the lock) remove temp files that crashed writes
     left. Every rank raises the same UserError when the folder cannot be claimed; rank 0
     returns the held lock (release it when the run ends), the others None."""
+    from rnntrain.parallel import collectives
     from rnntrain.run import checkpoint as ckpt
     lock, why = None, None
     if comm.rank == 0:
@@ -126,7 +127,7 @@ def claim_run_folder(comm, run_dir: Path, resume: str | None) -> RunLock | None:
                 ckpt.remove_stale_temps(Path(run_dir), ("config.toml", "status.json"))
         except UserError as e:
             why = str(e)
-    why = comm.bcast_obj(why)
+    why = collectives.from_root(comm, why)
     if why:
         if lock is not None:
             lock.release()
