@@ -76,12 +76,60 @@ def _list_args(s, what: str):
     s.add_argument("--format", choices=FORMATS, default="NETCDF3_64BIT_OFFSET")
 
 
+def _images(a):
+    from .images import ImageSettings, convert_images
+    labels = parse_labels_arg(a)
+    info = convert_images(a.list, a.out, ImageSettings(a.height, a.invert), a.chars, a.space,
+                          labels, a.layout, a.format)
+    print(f"wrote {a.out}: {info['images']} images, {info['columns']:,} columns, heights "
+          f"{info['heights'][0]}-{info['heights'][1]}, {info['labels']} labels "
+          f"(layout {a.layout})")
+
+
+def parse_labels_arg(a):
+    from .audio import parse_labels
+    from .images import labels_from
+    if sum(map(bool, (a.labels, a.labels_from, a.alphabet))) > 1:
+        raise UserError("give one of --labels, --labels-from and --alphabet")
+    if a.alphabet:
+        from .images import ascii_alphabet
+        if not a.chars:
+            raise UserError("--alphabet needs --chars (it names characters)")
+        return ascii_alphabet(a.space)
+    if a.labels_from:
+        return labels_from(a.labels_from)
+    return parse_labels(a.labels) if a.labels else None
+
+
+def _render_lines(a):
+    from .render import render_lines
+    try:
+        lo, hi = (int(v) for v in a.sizes.split("-")) if "-" in a.sizes else (int(a.sizes),) * 2
+    except ValueError:
+        raise UserError(f"--sizes {a.sizes!r}: give A-B (font sizes in pixels)") from None
+    lst = render_lines(a.out, a.count, a.fonts.replace(",", " ").split(), (lo, hi), a.seed,
+                       a.rotate, a.blur, a.noise, a.max_chars, a.text)
+    print(f"wrote {a.count} lines and {lst}")
+
+
 def _rnnlib_config(a):
     from .rnnlib_config import convert_file
     toml, warnings = convert_file(a.config)
     for w in warnings:
         print(f"rnntrain-data rnnlib-config: warning: {w}", file=sys.stderr)
     print(toml, end="")
+
+
+def _ngram(a):
+    from .ngram import build, sentences, write_arpa
+    import os
+    if not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
+        raise UserError(f"--out {a.out}: its folder does not exist")
+    sents = sentences(a.text, chars=a.chars, space_token=a.space_token)
+    ng = build(sents, a.order, a.smoothing, a.discount_fallback)
+    write_arpa(ng, a.out)
+    sizes = ", ".join(f"{len(ng[k])} {k}-grams" for k in sorted(ng))
+    print(f"wrote {a.out}: {a.smoothing} {a.order}-gram model from {len(sents)} lines ({sizes})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="summarise a .nc file or dataset manifest")
     i.add_argument("path")
     i.add_argument("--subsample", type=int, default=1,
-                   help="frame stacking used in training (for the infeasible count)")
+                   help="input frames per output frame in training: model.subsample times the "
+                   "conv front end's width pooling (for the infeasible count)")
     i.set_defaults(fn=_inspect)
     h = sub.add_parser("shard", help="length-sorted shards + manifest (streaming)")
     h.add_argument("inputs", nargs="+", metavar="INPUT.nc")
@@ -149,6 +198,57 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--test", type=int, default=15, help="held-out recordings")
     y.add_argument("--val", type=int, default=5, help="validation recordings (from the rest)")
     y.set_defaults(fn=_yesno_lists)
+    n = sub.add_parser("ngram", help="a smoothed n-gram language model (ARPA) from text",
+                       description="One sentence per line. Modified Kneser-Ney (default) or "
+                       "Witten-Bell, interpolated, written in back-off (ARPA) form.")
+    n.add_argument("text", help="text file, one sentence per line")
+    n.add_argument("--order", type=int, default=3)
+    n.add_argument("--out", required=True, help="the ARPA file to write")
+    n.add_argument("--smoothing", choices=("kn", "wb"), default="kn",
+                   help="kn: modified Kneser-Ney (default); wb: Witten-Bell")
+    n.add_argument("--chars", action="store_true", help="every character is a token (a "
+                   "label-level model for character alphabets); default: words")
+    n.add_argument("--space-token", default="<space>", help="with --chars: the token a space "
+                   "becomes (the name of the alphabet's word-separator label)")
+    n.add_argument("--discount-fallback", action="store_true", help="kn on a text too small "
+                   "to estimate the discounts: use 0.5, 1, 1.5 (as KenLM's lmplz)")
+    n.set_defaults(fn=_ngram)
+    m = sub.add_parser("images", help="text-line images (PNG/JPEG/TIFF) listed in a LIST.tsv "
+                       "→ RNNLIB 2-D .nc (or column frames)")
+    m.add_argument("--list", required=True, help="LIST.tsv: image path<TAB>transcript per line")
+    m.add_argument("--out", required=True, help="output .nc file")
+    m.add_argument("--chars", action="store_true", help="transcripts are plain text, split "
+                   "into characters (NFC); default: space-separated label names")
+    m.add_argument("--space", default="<space>", help="label name of the space with --chars "
+                   "(default <space>)")
+    m.add_argument("--height", type=int, default=0, help="rescale every image to this height "
+                   "keeping the aspect ratio (default 0: keep sizes)")
+    m.add_argument("--invert", choices=("auto", "yes", "no"), default="auto",
+                   help="make ink high: auto inverts images with a light background")
+    m.add_argument("--layout", choices=("2d", "columns"), default="2d",
+                   help="2d: RNNLIB numDims = 2 (default); columns: 1-D frames of pixel columns")
+    m.add_argument("--labels", help="alphabet in index order, comma-separated (default: "
+                                    "sorted set of the transcripts' labels)")
+    m.add_argument("--labels-from", help="use the alphabet of this .nc file (validation and "
+                                         "test sets: the training set's)")
+    m.add_argument("--alphabet", choices=("ascii",), help="with --chars: a fixed alphabet, "
+                   "ascii = the space and the 94 printable ASCII characters in code order")
+    m.add_argument("--format", choices=FORMATS, default="NETCDF3_64BIT_OFFSET")
+    m.set_defaults(fn=_images)
+    rl = sub.add_parser("render-lines", help="render synthetic printed text lines "
+                        "(matplotlib's fonts, Faker's text) + LIST.tsv")
+    rl.add_argument("--out", required=True, help="output folder (img/, list.tsv)")
+    rl.add_argument("--count", type=int, default=1000)
+    rl.add_argument("--fonts", default="DejaVuSans,DejaVuSerif,DejaVuSansMono",
+                    help="font file stems from matplotlib's fonts or .ttf paths, comma-separated")
+    rl.add_argument("--sizes", default="18-28", help="font sizes in pixels, A-B")
+    rl.add_argument("--rotate", type=float, default=1.5, help="max rotation in degrees")
+    rl.add_argument("--blur", type=float, default=1.0, help="max Gaussian blur radius (px)")
+    rl.add_argument("--noise", type=float, default=8.0, help="max noise std (grey levels)")
+    rl.add_argument("--max-chars", type=int, default=40, help="longest line in characters")
+    rl.add_argument("--text", help="take lines from this UTF-8 text file instead of Faker")
+    rl.add_argument("--seed", type=int, default=1)
+    rl.set_defaults(fn=_render_lines)
     r = sub.add_parser("rnnlib-config", help="convert an RNNLIB config file to rnntrain TOML "
                        "(stdout; warnings on stderr)")
     r.add_argument("config", help="RNNLIB config file ('name value' lines)")

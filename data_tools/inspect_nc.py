@@ -7,6 +7,12 @@ from rnntrain.data.dataset import Dataset
 
 
 def histogram(values: np.ndarray, bins: int = 10, width: int = 40) -> list[str]:
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo < bins:  # few distinct integers: one bin each, no fractional edges
+        counts = np.bincount(values - lo, minlength=hi - lo + 1)
+        top = max(int(counts.max()), 1)
+        return [f"  {lo + i:>7}{'':8} {int(c):>7} {'#' * round(width * c / top)}"
+                for i, c in enumerate(counts)]
     counts, edges = np.histogram(values, bins=bins)
     top = max(int(counts.max()), 1)
     return [f"  {int(edges[i]):>7}-{int(edges[i + 1]):<7} {int(c):>7} {'#' * round(width * c / top)}"
@@ -28,7 +34,16 @@ def inspect(path: str, subsample: int = 1, chunk_frames: int = 2_000_000,
              f"  target labels  {int(tl.sum()):,} (min {tl.min()}, mean {tl.mean():.1f}, "
              f"max {tl.max()}); frames per label {ds.lengths.sum() / max(tl.sum(), 1):.1f}",
              f"  chunks         {len(ds.chunks)} in {len(ds.shards)} shard(s)",
-             "  length histogram (frames):", *histogram(ds.lengths)]
+             *(["  length histogram (frames):", *histogram(ds.lengths)] if not ds.is_2d else
+               [f"  images         2-D (numDims 2): height min {ds.heights.min()}, median "
+                f"{int(np.median(ds.heights))}, max {ds.heights.max()} (served padded to "
+                f"{ds.frame_height}); {int(ds.rows.sum()):,} pixels, "
+                f"{ds.rows.sum() / max(ds.frame_height * ds.lengths.sum(), 1):.0%} of them "
+                "after padding",
+                "  width histogram (columns, the time axis):", *histogram(ds.lengths),
+                "  height histogram (pixels):", *histogram(ds.heights)]),
+             *([f"  imageHeight    {ds.column_height} (frames are image columns)"]
+               if ds.column_height else [])]
     keep = ds.feasible(subsample)
     bad = np.flatnonzero(~keep)
     lines.append(f"  infeasible     {len(bad)} sequences too short for their targets "

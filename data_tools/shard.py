@@ -10,7 +10,9 @@ Each shard is cut into chunk files in RNNLIB layout at the same positions in eve
 ``manifest.json`` are written (see ``rnntrain.data.manifest``).
 
 Memory: the length, target and tag arrays of the whole corpus plus one output chunk of
-frames; frames are read sequence by sequence from the open inputs.
+frames; frames are read sequence by sequence from the open inputs. 2-D inputs (images)
+are dealt by width and written as 2-D chunk files; chunks are cut by rows (height ×
+width), so a chunk holds about ``chunk_frames`` pixels' worth of rows.
 """
 from __future__ import annotations
 
@@ -39,9 +41,16 @@ class Corpus:
     files: list[str]
     file_of: np.ndarray      # (N,) input index
     row_of: np.ndarray       # (N,) first row in that input
-    lengths: np.ndarray      # (N,)
+    lengths: np.ndarray      # (N,) frames (2-D: widths)
     targets: list[np.ndarray]
     tags: list[str]
+    heights: np.ndarray | None = None  # (N,) 2-D inputs: image heights
+    column_height: int = 0
+    image_frontend: str = ""           # rnntrain-data images settings (JSON), kept along
+
+    @property
+    def rows(self) -> np.ndarray:
+        return self.lengths if self.heights is None else self.lengths * self.heights
 
 
 def read_corpus(paths: list[str], merge_labels: bool) -> Corpus:
@@ -53,6 +62,10 @@ def read_corpus(paths: list[str], merge_labels: bool) -> Corpus:
         if h.input_size != first.input_size:
             raise DataError(h.path, f"inputPattSize {h.input_size} differs from "
                                     f"{first.path} ({first.input_size})")
+        if (h.heights is None) != (first.heights is None) or \
+                h.column_height != first.column_height:
+            raise DataError(h.path, f"image layout (numDims, imageHeight) differs from "
+                                    f"{first.path}")
         if h.labels != first.labels and not merge_labels:
             raise DataError(h.path, f"alphabet differs from {first.path} ({len(h.labels)} vs "
                                     f"{len(first.labels)} labels; first difference: "
@@ -75,7 +88,9 @@ def read_corpus(paths: list[str], merge_labels: bool) -> Corpus:
     dtype = dtypes.pop() if len(dtypes) == 1 else np.dtype(np.float32)
     return Corpus(labels, first.input_size, dtype, [h.path for h in heads],
                   np.concatenate(file_of), np.concatenate(row_of),
-                  np.concatenate([h.lengths for h in heads]), targets, tags)
+                  np.concatenate([h.lengths for h in heads]), targets, tags,
+                  None if first.heights is None else np.concatenate([h.heights for h in heads]),
+                  first.column_height, first.image_frontend)
 
 
 def _first_diff(a: list[str], b: list[str]) -> str:
@@ -190,7 +205,7 @@ class Inputs:
     def read(self, i: int) -> np.ndarray:
         """(T_i, F) frames of input sequence i in the inputs' own type."""
         c = self.c
-        f, r, n = int(c.file_of[i]), int(c.row_of[i]), int(c.lengths[i])
+        f, r, n = int(c.file_of[i]), int(c.row_of[i]), int(c.rows[i])
         try:
             with ncdata.NC_LOCK:
                 x = np.asarray(self.handles[f].variables["inputs"][r:r + n, :])
@@ -214,10 +229,14 @@ def write_chunk(path: Path, inputs: Inputs, ids: np.ndarray, fmt: str) -> dict:
     c = inputs.c
     with ncdata.NcWriter(path, c.labels, c.input_size, c.lengths[ids],
                          [" ".join(c.labels[k] for k in c.targets[i]) for i in ids],
-                         [c.tags[i] for i in ids], fmt, dtype=c.dtype) as w:
+                         [c.tags[i] for i in ids], fmt, dtype=c.dtype,
+                         heights=None if c.heights is None else c.heights[ids],
+                         attrs={**({"imageHeight": c.column_height} if c.column_height else {}),
+                                **({"rnntrain_images": c.image_frontend}
+                                   if c.image_frontend else {})}) as w:
         for i in ids:
             w.append(inputs.read(int(i)))
-    return {"numSeqs": int(len(ids)), "numTimesteps": int(c.lengths[ids].sum()),
+    return {"numSeqs": int(len(ids)), "numTimesteps": int(c.rows[ids].sum()),
             "bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
@@ -245,7 +264,7 @@ def shard(paths: list[str], shards: int, out: str, chunk_frames: int | None = No
     if n < shards:
         raise UserError(f"{n} sequences cannot fill {shards} shards")
     per_shard = assign_shards(corpus.lengths, shards, seed, within)
-    cuts = chunk_bounds(per_shard, corpus.lengths, chunk_frames, chunk_seqs)
+    cuts = chunk_bounds(per_shard, corpus.rows, chunk_frames, chunk_seqs)
     try:
         outdir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -264,13 +283,15 @@ def shard(paths: list[str], shards: int, out: str, chunk_frames: int | None = No
                 order.append(part)
                 if progress:
                     progress(s, c, entry)
-            entries.append({"frames": int(corpus.lengths[ids].sum()), "numSeqs": int(len(ids)),
+            entries.append({"frames": int(corpus.rows[ids].sum()), "numSeqs": int(len(ids)),
                             "chunks": chunks})
         order = np.concatenate(order)
         index = write_index(outdir / "index.npz", corpus, order)
         manifest = {"format": FORMAT, "version": VERSION, "labels": corpus.labels,
                     "inputPattSize": corpus.input_size, "within": within, "seed": seed,
-                    "numSeqs": n, "numTimesteps": int(corpus.lengths.sum()),
+                    "numSeqs": n, "numTimesteps": int(corpus.rows.sum()),
+                    "numDims": 1 if corpus.heights is None else 2,
+                    "imageHeight": corpus.column_height, "imageFrontend": corpus.image_frontend,
                     "sources": [{"file": os.path.abspath(p)} for p in corpus.files],
                     "index": index, "shards": entries}
         write_json_atomic(outdir / "manifest.json", manifest)
@@ -292,8 +313,9 @@ def write_index(path: Path, corpus: Corpus, order: np.ndarray) -> dict:
     tl = np.array([len(corpus.targets[i]) for i in order], dtype=np.int64)
     flat = (np.concatenate([corpus.targets[i] for i in order]) if len(order)
             else np.zeros(0, np.int32)).astype(np.int32)
+    extra = {} if corpus.heights is None else {"heights": corpus.heights[order]}
     atomic_write(path, lambda fh: np.savez(
-        fh, lengths=corpus.lengths[order].astype(np.int64),
+        fh, lengths=corpus.lengths[order].astype(np.int64), **extra,
         target_offsets=np.concatenate([[0], np.cumsum(tl)]).astype(np.int64),
         targets=flat, tags=np.array([corpus.tags[i] for i in order], dtype=str)))
     return {"file": path.name, "bytes": path.stat().st_size, "sha256": sha256_file(path)}

@@ -1,4 +1,4 @@
-"""``rnntrain`` command line: train, eval, decode, runs, sweep, report.
+"""``rnntrain`` command line: train, eval, decode, tune-decoder, runs, sweep, report.
 
 User mistakes (UserError, a ValueError) print one line and exit 2, without a traceback.
 """
@@ -37,6 +37,7 @@ def _load_for_eval(checkpoint: str, data: str, device: str):
     from rnntrain.run import checkpoint as ckpt
     from rnntrain.config import config_from_dict
     from rnntrain.data.dataset import Dataset, check_fits
+    from rnntrain.errors import DataError
     from rnntrain.compute.model import build_model
     from rnntrain.compute.device import pick_device
     ck = ckpt.load(checkpoint, need=ckpt.MODEL_KEYS)
@@ -46,8 +47,14 @@ def _load_for_eval(checkpoint: str, data: str, device: str):
         raise UserError(f"{checkpoint}: its config does not fit this rnntrain ({e})") from None
     ds = Dataset.open(data, cfg.data.chunk_frames)
     check_fits(ds, ck["labels"], ck["input_size"], "the checkpoint's")
+    height = ck.get("image_height", 0)
+    if ds.is_2d:
+        ds.set_pad_height(height or 1, f"checkpoint {checkpoint}")
+    if (ds.column_height or ds.is_2d) and ds.frame_height != height:
+        raise DataError(data, f"image height {ds.frame_height} differs from the "
+                              f"checkpoint's ({height})")
     dev = pick_device(device)
-    model = build_model(cfg.model, ck["input_size"], len(ck["labels"]))
+    model = build_model(cfg.model, ds.frame_size, len(ck["labels"]), max(height, 1))
     try:
         model.load_state_dict(ck["model"])
     except (RuntimeError, ValueError, KeyError, TypeError) as e:
@@ -57,23 +64,35 @@ def _load_for_eval(checkpoint: str, data: str, device: str):
     return cfg, ds, model, dev
 
 
+def _decoding(args, ds, model):
+    """The decoder the options ask for (or None), the separator's index, thread count."""
+    from rnntrain.decode.options import decode_threads, decoder_from_args, space_index
+    return (decoder_from_args(args, ds.labels, model.blank), space_index(args, ds.labels),
+            decode_threads(args))
+
+
 def _cmd_eval(args) -> int:
+    from rnntrain.compute.model import total_subsample
     from rnntrain.run.evaluate import evaluate
     cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device)
-    keep = ds.feasible(cfg.model.subsample)
+    decoder, space, threads = _decoding(args, ds, model)
+    keep = ds.feasible(total_subsample(cfg.model))
     if not keep.any():  # a score over nothing would read as LER 0
         raise UserError(f"{args.data}: none of its {ds.num_seqs} sequences is long enough "
-                        f"for its target (model.subsample = {cfg.model.subsample}): nothing "
+                        f"for its target (subsampling {total_subsample(cfg.model)}): nothing "
                         "to score")
     counts = evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev,
-                      beam=args.beam)
+                      decoder=decoder, space=space, threads=threads)
     out = {k: c.summary() for k, c in counts.items()}
+    if decoder is not None:
+        out["beam"]["decoder"] = decoder.describe()
     if args.json:
-        print(json.dumps(out if args.beam else out["best"]))
+        print(json.dumps(out if decoder is not None else out["best"]))
     else:
         for k, s in out.items():
-            name = "best path" if k == "best" else f"beam {args.beam}"
-            print(f"{name:>10}: LER {s['ler']:.4f} (sub {s['sub']:.4f}, del {s['del']:.4f}, "
+            name = "best path" if k == "best" else decoder.describe()
+            wer = f"WER {s['wer']:.4f}, " if "wer" in s else ""
+            print(f"{name:>10}: {wer}LER {s['ler']:.4f} (sub {s['sub']:.4f}, del {s['del']:.4f}, "
                   f"ins {s['ins']:.4f}), sequence error {s['seq_error']:.4f}, CTC loss "
                   f"{s['loss']:.4f}, {s['seqs']} sequences, {s['skipped']} skipped")
     return 0
@@ -82,11 +101,14 @@ def _cmd_eval(args) -> int:
 def _cmd_decode(args) -> int:
     if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         raise UserError(f"--out {args.out}: its folder does not exist")  # before decoding
+    from rnntrain.compute.model import total_subsample
     from rnntrain.run.evaluate import evaluate
     cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device)
-    keep = ds.feasible(cfg.model.subsample)
+    decoder, space, threads = _decoding(args, ds, model)
+    keep = ds.feasible(total_subsample(cfg.model))
     hyps: dict[int, list[int]] = {}
-    evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev, beam=args.beam,
+    evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev,
+             decoder=decoder, space=space, threads=threads,
              on_hyp=lambda s, h: hyps.__setitem__(s, h))
     lines = []
     for i in range(ds.num_seqs):
@@ -101,6 +123,12 @@ def _cmd_decode(args) -> int:
     except OSError as e:
         raise UserError(f"cannot write {args.out} ({e.strerror})") from None
     return 0
+
+
+def _cmd_tune_decoder(args) -> int:
+    from rnntrain.run.tune import tune_decoder
+    cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device)
+    return tune_decoder(args, cfg, ds, model, dev)
 
 
 def _cmd_runs(args) -> int:
@@ -123,6 +151,7 @@ def _cmd_report(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from rnntrain.decode.options import add_decoder_arguments
     p = argparse.ArgumentParser(prog="rnntrain", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train", help="train from a TOML config",
@@ -140,13 +169,27 @@ def build_parser() -> argparse.ArgumentParser:
         e = sub.add_parser(name, help=hlp)
         e.add_argument("checkpoint")
         e.add_argument("data", help=".nc file or dataset manifest")
-        e.add_argument("--beam", type=int, default=0, help="prefix beam search width (0 = off)")
         e.add_argument("--device", default="cpu")
         e.add_argument("--batch-frames", type=int, default=0)
+        add_decoder_arguments(e)
         if name == "eval":
             e.add_argument("--json", action="store_true")
         else:
             e.add_argument("--out", help="write here instead of stdout")
+    u = sub.add_parser("tune-decoder", help="search LM weight and word bonus on a "
+                       "validation set", description="Runs the network once over DATA, then "
+                       "decodes it for every LM weight x word bonus in the grid; prints the "
+                       "table (WER with --space, else LER) and the best pair.")
+    u.add_argument("checkpoint")
+    u.add_argument("data", help="validation .nc file or dataset manifest")
+    u.add_argument("--device", default="cpu")
+    u.add_argument("--batch-frames", type=int, default=0)
+    add_decoder_arguments(u)
+    u.add_argument("--lm-weights", default="0,0.25,0.5,0.75,1,1.5,2",
+                   help="comma-separated LM weights to try")
+    u.add_argument("--word-bonuses", default="-1,0,1,2",
+                   help="comma-separated word bonuses to try")
+    u.add_argument("--json", action="store_true", help="print the table as JSON")
     r = sub.add_parser("runs", help="list run folders: status, epochs, best LER, speed")
     r.add_argument("dir", nargs="?", default="runs", help="folder to search (default runs)")
     r.add_argument("--json", action="store_true")
@@ -179,6 +222,7 @@ def main(argv=None) -> int:
     elif extra:
         build_parser().error(f"unrecognized arguments: {' '.join(extra)}")
     handler = {"train": _cmd_train, "eval": _cmd_eval, "decode": _cmd_decode,
+               "tune-decoder": _cmd_tune_decoder,
                "runs": _cmd_runs, "sweep": _cmd_sweep, "report": _cmd_report}[args.cmd]
     try:
         return handler(args)

@@ -38,6 +38,8 @@ Schedule = Literal["constant", "cosine", "step"]
 Precision = Literal["fp32", "bf16", "fp16"]
 PlanStrategy = Literal["auto", "length", "sharded", "random"]
 ExchangeMode = Literal["allreduce", "master"]
+Frontend = Literal["none", "conv"]
+ConvNorm = Literal["group", "none"]
 
 
 @dataclass
@@ -56,6 +58,14 @@ class ModelConfig:
     subsample: int = positive(1)  # stack this many frames into one (speech: 3 is typical)
     cell: Cell = "lstm"          # "lstm" (cuDNN/oneDNN) or "peephole" (RNNLIB's cell)
     dropout: float = field(default=0.0, metadata={"ge": 0, "lt": 1, "finite": True})
+    # convolutional front end (images: columns of pixels; 1-D data: time convolution)
+    frontend: Frontend = "none"  # "none" or "conv" (conv blocks, then the LSTM layers)
+    conv_channels: list[int] = field(default_factory=lambda: [16, 32, 48, 64])
+    conv_kernel: int = positive(3)  # odd; k x k (1 x k on 1-D data)
+    conv_pool_h: list[int] = field(default_factory=lambda: [2, 2, 2, 1])  # height pooling
+    conv_pool_w: list[int] = field(default_factory=lambda: [2, 2, 1, 1])  # width (time)
+    conv_norm: ConvNorm = "group"  # "group" (per image, over valid columns) or "none"
+    conv_dropout: float = field(default=0.0, metadata={"ge": 0, "lt": 1, "finite": True})  # after each block
 
 
 @dataclass
@@ -164,7 +174,13 @@ def _coerce(section: str, key: str, value: Any, typ) -> Any:
     elif typ is str:
         if isinstance(value, str):
             return value
-    raise ConfigError(f"{name} must be {typ.__name__}, got {type(value).__name__} {value!r}")
+    elif get_origin(typ) is list and get_args(typ) == (int,):
+        if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool)
+                                           for v in value):
+            return list(value)
+        raise ConfigError(f"{name} must be a list of integers, e.g. [16, 32], got {value!r}")
+    raise ConfigError(f"{name} must be {getattr(typ, '__name__', typ)}, got "
+                      f"{type(value).__name__} {value!r}")
 
 
 def _apply(cfg: Config, table: dict, source: str):
@@ -220,6 +236,18 @@ def validate(cfg: Config):
                 except UnicodeEncodeError:  # undecodable bytes from the command line
                     raise ConfigError(f"{key} = {v!r} is not valid UTF-8 text") from None
     check_device(cfg.train.device)
+    m = cfg.model
+    if m.frontend == "conv":
+        if not m.conv_channels or not (len(m.conv_channels) == len(m.conv_pool_h)
+                                       == len(m.conv_pool_w)):
+            raise ConfigError(f"model.conv_channels, conv_pool_h and conv_pool_w need one "
+                              f"entry per block (got {len(m.conv_channels)}, "
+                              f"{len(m.conv_pool_h)}, {len(m.conv_pool_w)})")
+        if min(m.conv_channels + m.conv_pool_h + m.conv_pool_w) < 1:
+            raise ConfigError("model.conv_channels, conv_pool_h and conv_pool_w must be >= 1")
+        if m.conv_kernel % 2 == 0:
+            raise ConfigError(f"model.conv_kernel = {m.conv_kernel} must be odd (the "
+                              "convolutions keep the size: padding k // 2 each side)")
     if not cfg.data.train:
         raise ConfigError("data.train is not set (an RNNLIB .nc file or a manifest.json)")
 

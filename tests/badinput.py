@@ -117,10 +117,12 @@ def _targets_bad(parts):
     return t
 
 
-def _two_dims(path):
-    parts = good_parts()
-    parts["num_dims"] = 2
-    return write_nc(path, parts, lengths_var="seqDims")
+def _dims(k):
+    def build(path):
+        parts = good_parts()
+        parts["num_dims"] = k
+        return write_nc(path, parts, lengths_var="seqDims")
+    return build
 
 
 BAD_FILES = {
@@ -149,5 +151,8 @@ BAD_FILES = {
                    "not in the alphabet"]),
     "empty_alphabet": (_with(labels=[], targets=[""] * 6),
                        ["variable 'labels'", "alphabet is empty"]),
-    "two_dims": (_two_dims, ["numDims = 2", "only 1-D sequences"]),
+    # 2-D: seqDims (L, L) per sequence describes L*L pixels, inputs has only L rows each
+    "two_dims_sizes": (_dims(2), ["variable 'seqDims'", "height x width sums to",
+                                  "numTimesteps"]),
+    "three_dims": (_dims(3), ["numDims = 3", "1-D sequences and 2-D images"]),
 }

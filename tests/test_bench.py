@@ -72,7 +72,7 @@ def test_stock_baseline_is_the_same_model_as_ctcmodel():
 def test_suite_lists_sections_in_fixed_order():
     from bench.__main__ import SECTIONS, TOTAL_BUDGET_S, available
     names = [s[0] for s in available()]
-    assert names[:2] == ["plain_loop", "flops"] and "workloads" not in names
+    assert names[:3] == ["accuracy", "plain_loop", "flops"] and "workloads" not in names
     assert sum(b for _, _, b in SECTIONS) <= TOTAL_BUDGET_S
 
 

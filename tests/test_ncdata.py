@@ -149,16 +149,16 @@ def test_lengths_must_sum_to_frames(tmp_path):
         ncdata.read_header(path)
 
 
-def test_missing_variable_and_2d_data(tmp_path):
+def test_missing_variable_and_3d_data(tmp_path):
     path = tmp_path / "miss.nc"
     _foreign(path, extra=lambda ds: ds.renameVariable("targetStrings", "targets"))
     with pytest.raises(DataError, match=r"variable 'targetStrings': missing variable"):
         ncdata.read_header(path)
     path2 = tmp_path / "img.nc"
     with netCDF4.Dataset(path2, "w") as ds:
-        for d, n in (("numSeqs", 1), ("numDims", 2), ("inputPattSize", 1)):
+        for d, n in (("numSeqs", 1), ("numDims", 3), ("inputPattSize", 1)):
             ds.createDimension(d, n)
-    with pytest.raises(DataError, match="numDims = 2: only 1-D"):
+    with pytest.raises(DataError, match="numDims = 3: only 1-D sequences and 2-D images"):
         ncdata.read_header(path2)
 
 

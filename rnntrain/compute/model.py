@@ -1,4 +1,6 @@
-"""The LSTM-CTC network: frame stacking, stacked (bi)directional LSTM, linear, log-softmax.
+"""The LSTM-CTC network: [conv front end,] frame stacking, stacked (bi)directional LSTM,
+linear, log-softmax. The optional front end (``model.frontend = "conv"``) is in
+``rnntrain.compute.conv``.
 
 Shapes: T frames, N sequences, F input features, H hidden units per direction,
 C = numLabels + 1 classes (blank last, as in RNNLIB), S target labels.
@@ -9,6 +11,7 @@ does not depend on which worker thread ran the task.
 """
 from __future__ import annotations
 
+import math
 
 import numpy as np
 import torch
@@ -78,13 +81,17 @@ def _zero_state(rnn: nn.LSTM, x: torch.Tensor):
 class CTCModel(nn.Module):
     def __init__(self, input_size: int, num_labels: int, layers: int = 2, hidden: int = 128,
                  bidirectional: bool = True, subsample: int = 1, cell: str = "lstm",
-                 dropout: float = 0.0):
+                 dropout: float = 0.0, frontend: nn.Module | None = None):
         super().__init__()
         self.input_size, self.num_classes, self.subsample = input_size, num_labels + 1, subsample
         self.dropout = dropout
         self.blank = num_labels
+        self.frontend = frontend
+        # frames in per frame out: the front end's width pooling, then frame stacking
+        self.total_subsample = subsample * (frontend.subsample if frontend is not None else 1)
         dirs = 2 if bidirectional else 1
-        size = input_size * subsample
+        self.rnn_input_size = frontend.output_size if frontend is not None else input_size
+        size = self.rnn_input_size * subsample
         self.rnns = nn.ModuleList()
         for _ in range(layers):
             if cell == "lstm":
@@ -99,8 +106,11 @@ class CTCModel(nn.Module):
                 generator: torch.Generator | None = None):
         """x: (T, N, F) zero-padded, lengths: (N,) int64 on CPU.
 
-        Returns log-probabilities (T', N, C) and output lengths (N,) with T' = ceil(T/k).
+        Returns log-probabilities (T', N, C) and output lengths (N,) with
+        T' = ceil(T / total_subsample).
         """
+        if self.frontend is not None:
+            x, lengths = self.frontend(x, lengths, generator)
         x, lengths = stack_frames(x, lengths, self.subsample)
         # lengths already longest-first (as the trainer collates them): pack without the
         # permutation, whose index copy to a GPU would block the host
@@ -127,7 +137,10 @@ def estimate_params(mcfg, input_size: int, num_labels: int) -> int:
     per layer and direction 4H(F+H) weights and 8H biases (peephole cell: 4H biases and
     3H peepholes), then the output layer. Equals count_params of the built model (tested)."""
     dirs = 2 if mcfg.bidirectional else 1
-    size, n = input_size * mcfg.subsample, 0
+    # a conv front end changes the first layer's input: counted as 0 there (a lower bound;
+    # the H x H recurrent weights, what makes a model too large, are exact)
+    conv = getattr(mcfg, "frontend", "none") == "conv"
+    size, n = (0 if conv else input_size * mcfg.subsample), 0
     for _ in range(mcfg.layers):
         # nn.LSTM: two bias vectors of 4H; the peephole cell: one, and 3H peepholes
         n += dirs * (4 * mcfg.hidden * (size + mcfg.hidden)
@@ -158,9 +171,27 @@ def check_memory(mcfg, input_size: int, num_labels: int, copies: int, memory_byt
                       f"{memory_bytes / 2**30:,.1f} GiB of memory here")
 
 
-def build_model(mcfg, input_size: int, num_labels: int) -> CTCModel:
+def build_model(mcfg, input_size: int, num_labels: int, height: int = 1) -> CTCModel:
+    """input_size: values per input frame; height: pixels per column when frames are image
+    columns (``Dataset.frame_height``; input_size = height × channels)."""
+    frontend = None
+    if getattr(mcfg, "frontend", "none") == "conv":
+        from rnntrain.compute.conv import ConvFrontEnd
+        assert input_size % height == 0, (input_size, height)
+        frontend = ConvFrontEnd(input_size // height, height, list(mcfg.conv_channels),
+                                mcfg.conv_kernel, list(mcfg.conv_pool_h),
+                                list(mcfg.conv_pool_w), mcfg.conv_norm, mcfg.conv_dropout)
     return CTCModel(input_size, num_labels, mcfg.layers, mcfg.hidden, mcfg.bidirectional,
-                    mcfg.subsample, mcfg.cell, mcfg.dropout)
+                    mcfg.subsample, mcfg.cell, mcfg.dropout, frontend)
+
+
+def total_subsample(mcfg) -> int:
+    """Input frames per output frame of a model built from ``mcfg``: frame stacking times
+    the conv front end's width pooling (CTC feasibility is checked against this)."""
+    k = mcfg.subsample
+    if getattr(mcfg, "frontend", "none") == "conv":
+        k *= math.prod(mcfg.conv_pool_w)
+    return k
 
 
 def count_params(model: nn.Module) -> int:

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
-from rnntrain.decode.score import edit_ops
-from rnntrain.decode.search import collapse
+from rnntrain.decode.score import label_errors, padded_as_strings, ragged_as_strings
+from rnntrain.decode.search import best_path_batch
 from rnntrain.compute.device import Fence, LossScaler, autocast_dtype, to_device
 from rnntrain.compute.model import ctc_loss_sum, training_flops_per_frame
 from rnntrain.data.plan import bucket_length, rng_for
@@ -122,11 +122,13 @@ class TaskComputer:
         tail[2].fill_(int(lengths.sum()))
         errors = ref = 0
         if self.want_errors:  # a host read of the best path: see the class docstring
+            # vectorised best path and one compiled edit-distance call for the whole task
+            # (rapidfuzz releases the GIL; no per-sequence Python loop on the workers)
             best = log_probs.detach().argmax(-1).cpu().numpy()  # (T', N)
-            for j, t in enumerate(targets):
-                hyp = collapse(best[: int(out_len[j]), j], self.model.blank)
-                errors += sum(edit_ops(t.tolist(), hyp))
-                ref += len(t)
+            hyp, n = best_path_batch(best, out_len.cpu().numpy(), self.model.blank)
+            refs, ref_len = ragged_as_strings(targets)
+            errors = int(label_errors(refs, padded_as_strings(hyp, n)).sum())
+            ref = int(ref_len.sum())
         tail[3].fill_(errors)
         tail[4].fill_(ref)
         return Fence(self.device).mark()
@@ -138,11 +140,15 @@ def cost_model_for(model, precision: str = "fp32") -> CostModel:
     this model's per-input-frame work."""
     rnn = model.rnns[0]
     dirs = 2 if rnn.bidirectional else 1
-    flops = training_flops_per_frame(model.input_size * model.subsample, rnn.hidden_size,
+    rnn_in = getattr(model, "rnn_input_size", model.input_size)
+    flops = training_flops_per_frame(rnn_in * model.subsample, rnn.hidden_size,
                                      len(model.rnns), dirs == 2, model.num_classes)
+    k = getattr(model, "total_subsample", model.subsample)
+    flops = flops / k
+    if getattr(model, "frontend", None) is not None:
+        flops += model.frontend.flops_per_column()
     params = sum(p.numel() for p in model.parameters())
-    return CostModel.for_model(flops / model.subsample, params, len(model.rnns) * dirs,
-                               precision, model.subsample)
+    return CostModel.for_model(flops, params, len(model.rnns) * dirs, precision, k)
 
 
 class FlatGrad:

@@ -6,6 +6,12 @@ shard`` (chunk files grouped into shards). Either way the trainer sees the same 
 global sequence ids 0..N-1 with lengths, targets and tags, and a list of chunks, each a
 contiguous row range of one file. Plans are made from this metadata alone
 (``rnntrain.data.plan``); frames are read only by ``load_chunk``, on the reader thread.
+
+2-D data (images, RNNLIB numDims = 2): ``lengths`` are the widths (the time axis: plans
+batch images of similar width) and ``heights`` the heights; ``load_chunk`` serves each
+image as (W, P·F) column frames with its height zero-padded to ``frame_height`` = P
+(the model's fixed input height), so the trainer, the workers and the evaluation see
+1-D sequences of column vectors, exactly like a ``--layout columns`` file.
 """
 from __future__ import annotations
 
@@ -54,7 +60,46 @@ class Dataset:
     chunks: list[Chunk]
     shards: list[list[int]]      # chunk indices of each shard
     within: str = "sorted"       # "sorted" (ours) or "shuffle" (the RNNLIB recipe)
+    heights: np.ndarray | None = None  # (N,) image heights (2-D data); None: 1-D
+    column_height: int = 0       # 1-D frames that are image columns of this height
+    pad_height: int = 0          # 2-D: serve images padded to this height (0: the tallest)
+    image_frontend: str = ""     # how images were converted (JSON; for inference)
     _headers: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def is_2d(self) -> bool:
+        return self.heights is not None
+
+    @property
+    def rows(self) -> np.ndarray:
+        """(N,) rows of the file's ``inputs`` per sequence (height × width for images)."""
+        return self.lengths if self.heights is None else self.lengths * self.heights
+
+    @property
+    def frame_height(self) -> int:
+        """Pixels per column of the frames served (1 for plain 1-D features)."""
+        if self.heights is not None:
+            return self.pad_height or int(self.heights.max(initial=1))
+        return self.column_height or 1
+
+    @property
+    def frame_size(self) -> int:
+        """Values per served frame: the model's input size."""
+        return self.input_size * self.frame_height if self.is_2d else self.input_size
+
+    def set_pad_height(self, height: int, what: str):
+        """Serve images padded to ``height`` (the model's); DataError naming the first
+        taller image."""
+        if self.heights is None:
+            return
+        tall = np.flatnonzero(self.heights > height)
+        if len(tall):
+            i = int(tall[0])
+            raise DataError(self.source, f"image height {self.heights[i]} exceeds the "
+                                         f"model's input height {height} ({what}; "
+                                         f"{len(tall)} such images)", var="seqDims",
+                            seq=i, tag=self.tags[i])
+        self.pad_height = int(height)
 
     @property
     def num_seqs(self) -> int:
@@ -86,12 +131,16 @@ class Dataset:
             self.check_chunk(k)
         rows = ncdata.read_rows(c.path, c.row_start, c.row_stop)
         # offsets relative to the chunk; the sequences are contiguous in the file
-        lens = self.lengths[c.seqs]
+        lens = self.rows[c.seqs]
         offs = np.concatenate([[0], np.cumsum(lens)])
         if offs[-1] != len(rows):
             raise DataError(c.path, f"chunk rows {c.row_start}:{c.row_stop} do not match the "
                                     f"sequence lengths ({offs[-1]} frames)", var="inputs")
         ncdata.check_finite(c.path, rows, offs, c.first, lambda j: self.tags[c.seqs[j]])
+        if self.heights is not None:
+            p = self.frame_height
+            return {int(s): ncdata.columns(rows[offs[j]:offs[j + 1]], int(self.heights[s]), p)
+                    for j, s in enumerate(c.seqs)}
         return {int(s): rows[offs[j]:offs[j + 1]] for j, s in enumerate(c.seqs)}
 
     def check_chunk(self, k: int):
@@ -149,7 +198,9 @@ class Dataset:
 
 def virtual_chunks(path: str, lengths: np.ndarray, chunk_frames: int, first_id: int = 0,
                    row0: int = 0) -> list[Chunk]:
-    """Split a file's sequences into contiguous chunks of about ``chunk_frames`` frames."""
+    """Split a file's sequences into contiguous chunks of about ``chunk_frames`` frames.
+
+    lengths: (N,) rows per sequence (for images height × width: memory is what counts)."""
     chunks, start, frames, row = [], 0, 0, row0
     for i, n in enumerate(lengths.tolist()):
         frames += n
@@ -162,9 +213,10 @@ def virtual_chunks(path: str, lengths: np.ndarray, chunk_frames: int, first_id: 
 
 def from_nc(path: str, chunk_frames: int) -> Dataset:
     h = ncdata.read_header(path)
-    chunks = virtual_chunks(path, h.lengths, chunk_frames)
+    chunks = virtual_chunks(path, h.rows, chunk_frames)
     return Dataset(path, h.labels, h.input_size, h.lengths, h.targets, h.tags, chunks,
-                   [list(range(len(chunks)))])
+                   [list(range(len(chunks)))], heights=h.heights,
+                   column_height=h.column_height, image_frontend=h.image_frontend)
 
 
 def check_fits(ds: Dataset, labels: list[str], input_size: int, what: str):
@@ -179,8 +231,14 @@ def check_fits(ds: Dataset, labels: list[str], input_size: int, what: str):
 
 
 def check_compatible(a: Dataset, b: Dataset, what: str):
-    """Validation/test data ``b`` must share the alphabet and input size of ``a``."""
+    """Validation/test data ``b`` must share the alphabet, input size and image layout of
+    ``a``; 2-D images are served at ``a``'s height."""
     check_fits(b, a.labels, a.input_size, f"{what} {a.source}")
+    if a.is_2d != b.is_2d or a.column_height != b.column_height:
+        raise DataError(b.source, f"image layout differs from {what} {a.source} (2-D: "
+                                  f"{b.is_2d} vs {a.is_2d}; imageHeight {b.column_height} vs "
+                                  f"{a.column_height})")
+    b.set_pad_height(a.frame_height, f"{what} {a.source}")
 
 
 def from_manifest(path) -> Dataset:
@@ -198,6 +256,8 @@ def from_manifest(path) -> Dataset:
     idx = manifest.read_index(index_path, manifest.require(ix, "sha256", where, str),
                               manifest.require(ix, "bytes", where, int))
     lengths = idx["lengths"].astype(np.int64)
+    heights = idx["heights"].astype(np.int64) if "heights" in idx else None
+    rows = lengths if heights is None else lengths * heights
     toff = idx["target_offsets"].astype(np.int64)
     flat = idx["targets"].astype(np.int32)
     n = len(lengths)
@@ -219,7 +279,7 @@ def from_manifest(path) -> Dataset:
                 raise DataError(cpath, "negative numSeqs, numTimesteps or bytes in the "
                                        "manifest")
             seqs = np.arange(first, first + c["numSeqs"], dtype=np.int64)
-            if seqs[-1:].size and seqs[-1] >= n or int(lengths[seqs].sum()) != c["numTimesteps"]:
+            if seqs[-1:].size and seqs[-1] >= n or int(rows[seqs].sum()) != c["numTimesteps"]:
                 raise DataError(cpath, "numSeqs/numTimesteps in the manifest do "
                                        "not match the sequence index")
             ids.append(len(chunks))
@@ -230,7 +290,9 @@ def from_manifest(path) -> Dataset:
     if first != n:
         raise DataError(path, f"chunks hold {first} sequences but the index has {n}")
     return Dataset(str(path), list(man["labels"]), man["inputPattSize"], lengths, targets,
-                   [str(t) for t in idx["tags"]], chunks, shards, within=man["within"])
+                   [str(t) for t in idx["tags"]], chunks, shards, within=man["within"],
+                   heights=heights, column_height=int(man.get("imageHeight", 0)),
+                   image_frontend=str(man.get("imageFrontend", "")))
 
 
 def verify_chunk(chunk: Chunk):

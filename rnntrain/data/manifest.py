@@ -104,6 +104,8 @@ def read_index(path: Path, sha: str, nbytes: int) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as z:
             out = {k: z[k] for k in INDEX_KEYS}
+            if "heights" in z.files:  # 2-D datasets (images)
+                out["heights"] = z["heights"]
     except (OSError, KeyError, ValueError, EOFError) as e:
         raise DataError(path, f"cannot read the sequence index ({e})") from None
     for k in ("lengths", "target_offsets", "targets"):

@@ -2,10 +2,23 @@
 
 Layout (one file = one set of sequences):
   dimensions  numSeqs, inputPattSize, numLabels (alphabet, no blank), numTimesteps (the
-              first dimension of ``inputs``; any name), optional numDims (must be 1), and
+              first dimension of ``inputs``; any name), optional numDims (1 or 2), and
               the widths of the char arrays (any names).
   inputs(numTimesteps, inputPattSize)   any numeric type; sequences back to back.
   seqLengths(numSeqs) or seqDims(numSeqs, numDims)   (seqDims is read first when present)
+  attribute imageHeight (ours, optional, 1-D files): every frame is one image column of
+              that many pixels (``rnntrain-data images --layout columns``).
+
+2-D sequences (images, numDims = 2): ``seqDims[i] = (height, width)`` and the image has
+height × width rows of ``inputs`` in column-major pixel order: column 0 top to bottom,
+then column 1, ... RNNLIB reads a sequence into a row-major buffer of shape
+``flip(seqDims[i])`` = (width, height, inputPattSize) (RNNLIB src/NetcdfDataset.hpp,
+``load_sequences``; strides in src/MultiArray.hpp), and its example builder
+examples/arabic_offline_handwriting/arabic_offline.py writes ``seqDims = (height,
+width)`` and the pixels of ``image.transpose(FLIP_TOP_BOTTOM).transpose(ROTATE_270)``,
+which is the image transposed, so pixel (y, x) lands at row ``x * height + y``. We read
+it the same way: a (width, height × inputPattSize) array of columns, the width being the
+time axis of the recurrent layers.
   labels(numLabels, width), targetStrings(numSeqs, width)   0-terminated char rows
               (netCDF-4 vlen strings are accepted on read); a target is a whitespace-
               separated list of label names; the CTC blank is index numLabels.
@@ -43,8 +56,10 @@ def _nc():
 class NcHeader:
     """Everything about a file except the input frames (small; kept in memory).
 
-    lengths: (N,) int64 frames per sequence; offsets: (N+1,) first row of each sequence;
-    targets: N int32 arrays of label indices; tags: N names.
+    lengths: (N,) int64 frames per sequence (2-D: the image widths, the time axis);
+    heights: (N,) image heights of a 2-D file, None for 1-D; offsets: (N+1,) first row
+    of each sequence (a 2-D sequence has height × width rows); targets: N int32 arrays
+    of label indices; tags: N names; column_height: a 1-D file's imageHeight attribute.
     """
     path: str
     input_size: int
@@ -52,10 +67,18 @@ class NcHeader:
     lengths: np.ndarray
     targets: list[np.ndarray]
     tags: list[str]
+    heights: np.ndarray | None = None
+    column_height: int = 0
+    image_frontend: str = ""     # the rnntrain_images attribute (JSON) of converted images
     offsets: np.ndarray = field(init=False)
 
     def __post_init__(self):
-        self.offsets = np.concatenate([[0], np.cumsum(self.lengths, dtype=np.int64)])
+        self.offsets = np.concatenate([[0], np.cumsum(self.rows, dtype=np.int64)])
+
+    @property
+    def rows(self) -> np.ndarray:
+        """(N,) rows of ``inputs`` per sequence."""
+        return self.lengths if self.heights is None else self.lengths * self.heights
 
     @property
     def num_seqs(self) -> int:
@@ -151,9 +174,10 @@ def read_header(path) -> NcHeader:
         for d in ("numSeqs", "inputPattSize"):
             if d not in dims:
                 raise DataError(path, f"missing dimension '{d}'")
-        if "numDims" in dims and dims["numDims"].size != 1:
-            raise DataError(path, f"numDims = {dims['numDims'].size}: only 1-D sequences "
-                                  "are supported (2-D data such as images is not)")
+        ndim = dims["numDims"].size if "numDims" in dims else 1
+        if ndim not in (1, 2):
+            raise DataError(path, f"numDims = {ndim}: only 1-D sequences and 2-D images "
+                                  "(seqDims = height, width) are supported")
         n, f = dims["numSeqs"].size, dims["inputPattSize"].size
         file_size = os.path.getsize(path)
         for v in ds.variables.values():
@@ -168,14 +192,39 @@ def read_header(path) -> NcHeader:
                                   f"{inp.shape}", var="inputs")
         if inp.dtype.kind not in "iuf":
             raise DataError(path, f"expected a numeric type, got {inp.dtype}", var="inputs")
+        heights, column_height = None, 0
+        image_frontend = str(ds.getncattr("rnntrain_images")) \
+            if "rnntrain_images" in ds.ncattrs() else ""
+        if "imageHeight" in ds.ncattrs():
+            column_height = int(np.asarray(ds.getncattr("imageHeight")).reshape(-1)[0])
+            if ndim != 1 or column_height < 1 or f % column_height:
+                raise DataError(path, f"attribute imageHeight = {column_height} must divide "
+                                      f"inputPattSize = {f} (and numDims must be 1)")
         if "seqDims" in ds.variables:
             lv = "seqDims"
             ds.variables[lv].set_auto_maskandscale(False)
             sd = np.asarray(ds.variables["seqDims"][:])
-            if sd.ndim != 2 or sd.shape[1] != 1:
-                raise DataError(path, f"expected shape (numSeqs, 1), got {sd.shape}: only "
-                                      "1-D sequences are supported", var=lv)
-            lengths = sd[:, 0]
+            if sd.ndim != 2 or sd.shape[1] != ndim:
+                raise DataError(path, f"expected shape (numSeqs, numDims={ndim}), got "
+                                      f"{sd.shape}", var=lv)
+            if ndim == 2:  # (height, width): the width is the time axis
+                if sd.dtype.kind in "iu" and len(sd) and (sd <= 0).any():
+                    i = int(np.flatnonzero((sd <= 0).any(axis=1))[0])
+                    raise DataError(path, f"image size {tuple(int(v) for v in sd[i])} "
+                                          "(height, width must be >= 1)", var=lv, seq=i)
+                heights = sd[:, 0].astype(np.int64)
+            lengths = sd[:, -1]
+            if ndim == 2 and "seqLengths" in ds.variables:  # RNNLIB's builders write both
+                sl = np.asarray(ds.variables["seqLengths"][:]).reshape(-1).astype(np.int64)
+                hw = heights * lengths.astype(np.int64)
+                if len(sl) == len(hw) and (sl != hw).any():
+                    i = int(np.flatnonzero(sl != hw)[0])
+                    raise DataError(path, f"seqLengths {sl[i]} != height x width "
+                                          f"{heights[i]} x {lengths[i]} from seqDims",
+                                    var="seqLengths", seq=i)
+        elif ndim == 2:
+            raise DataError(path, "missing variable (a 2-D file needs seqDims = height, "
+                                  "width per sequence)", var="seqDims")
         elif "seqLengths" in ds.variables:
             lv = "seqLengths"
             ds.variables[lv].set_auto_maskandscale(False)
@@ -213,8 +262,10 @@ def read_header(path) -> NcHeader:
         i = int(bad[0])
         raise DataError(path, f"length {lengths[i]} (every sequence needs at least one "
                               f"frame; {len(bad)} such sequences)", var=lv, seq=i, tag=tags[i])
-    if int(lengths.sum()) != total:
-        raise DataError(path, f"lengths sum to {int(lengths.sum())} but inputs has {total} "
+    rows = lengths if heights is None else lengths * heights
+    if int(rows.sum()) != total:
+        what = "lengths sum" if heights is None else "height x width sums"
+        raise DataError(path, f"{what} to {int(rows.sum())} but inputs has {total} "
                               "rows (numTimesteps)", var=lv)
     index = {lb: k for k, lb in enumerate(labels)}
     targets = []
@@ -226,7 +277,8 @@ def read_header(path) -> NcHeader:
                                   f"({len(labels)} labels: {' '.join(labels[:20])}"
                                   f"{' ...' if len(labels) > 20 else ''})",
                             var="targetStrings", seq=i, tag=tags[i]) from None
-    return NcHeader(path, f, labels, lengths, targets, tags)
+    return NcHeader(path, f, labels, lengths, targets, tags, heights, column_height,
+                    image_frontend)
 
 
 def read_rows(path, start: int, stop: int) -> np.ndarray:
@@ -301,19 +353,28 @@ class NcWriter:
     Targets and tags are known up front (small); frames arrive with ``append`` so that
     converters never hold more than one sequence (or one chunk) of frames. The file is
     written under a temporary name and renamed by ``close()`` (never half-written).
+    ``heights`` (N,): write a 2-D file (numDims = 2, seqDims = height, width = lengths);
+    each image is then appended as its height × width rows in column-major order.
+    ``attrs``: global attributes (e.g. imageHeight, the converter's parameters).
     """
 
     def __init__(self, path, labels: Sequence[str], input_size: int, lengths: Sequence[int],
                  targets: Sequence[str], tags: Sequence[str] | None = None,
-                 fmt: str = "NETCDF3_64BIT_OFFSET", dtype=np.float32):
+                 fmt: str = "NETCDF3_64BIT_OFFSET", dtype=np.float32,
+                 heights: Sequence[int] | None = None, attrs: dict | None = None):
         if fmt not in FORMATS:
             raise ValueError(f"unknown NetCDF format {fmt!r}; choose one of {FORMATS}")
         lengths = np.asarray(lengths, dtype=np.int64)
         n = len(lengths)
         assert len(targets) == n and (tags is None or len(tags) == n)
+        rows = lengths
+        if heights is not None:
+            heights = np.asarray(heights, dtype=np.int64)
+            assert heights.shape == lengths.shape
+            rows = lengths * heights
         self.path = Path(path)
         self.tmp = temp_path(self.path)  # the netCDF library writes by name: see close()
-        self.total, self.row, self.seq = int(lengths.sum()), 0, 0
+        self.total, self.row, self.seq = int(rows.sum()), 0, 0
         self.lengths = lengths
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with NC_LOCK:
@@ -321,7 +382,9 @@ class NcWriter:
             ds.createDimension("numSeqs", n)
             ds.createDimension("numTimesteps", self.total)
             ds.createDimension("inputPattSize", input_size)
-            ds.createDimension("numDims", 1)
+            ds.createDimension("numDims", 1 if heights is None else 2)
+            for k, v in (attrs or {}).items():
+                ds.setncattr(k, v)
             ds.createDimension("numLabels", len(labels))
             lab, tgt = _char_array(labels), _char_array(targets)
             ds.createDimension("maxLabelLength", lab.shape[1])
@@ -332,8 +395,9 @@ class NcWriter:
                 ds.createVariable("seqTags", "S1", ("numSeqs", "maxSeqTagLength"))[:] = tg
             ds.createVariable("labels", "S1", ("numLabels", "maxLabelLength"))[:] = lab
             ds.createVariable("targetStrings", "S1", ("numSeqs", "maxTargStringLength"))[:] = tgt
-            ds.createVariable("seqLengths", "i4", ("numSeqs",))[:] = lengths
-            ds.createVariable("seqDims", "i4", ("numSeqs", "numDims"))[:] = lengths[:, None]
+            ds.createVariable("seqLengths", "i4", ("numSeqs",))[:] = rows
+            ds.createVariable("seqDims", "i4", ("numSeqs", "numDims"))[:] = \
+                lengths[:, None] if heights is None else np.stack([heights, lengths], axis=1)
             self.inputs = ds.createVariable("inputs", dtype, ("numTimesteps", "inputPattSize"))
 
     def append(self, frames: np.ndarray):
@@ -395,6 +459,36 @@ def write_file(path, seqs: Sequence[np.ndarray], targets: Sequence[str], labels:
     with NcWriter(path, labels, f, [len(s) for s in seqs], targets, tags, fmt) as w:
         for s in seqs:
             w.append(s)
+
+
+def image_rows(img: np.ndarray) -> np.ndarray:
+    """An image (H, W) or (H, W, F) → its (W·H, F) rows in RNNLIB's 2-D pixel order
+    (column-major: column 0 top to bottom, then column 1, ...; see the module docstring)."""
+    img = img[:, :, None] if img.ndim == 2 else img
+    return np.ascontiguousarray(img.transpose(1, 0, 2)).reshape(-1, img.shape[2])
+
+
+def columns(rows: np.ndarray, height: int, pad_height: int = 0) -> np.ndarray:
+    """A 2-D sequence's (W·H, F) rows → (W, P·F) column frames, the pixels of a column top
+    to bottom, zero rows appended below to ``pad_height`` = P (>= H; 0: P = H)."""
+    f = rows.shape[1]
+    cols = rows.reshape(-1, height, f)
+    if pad_height > height:
+        cols = np.concatenate([cols, np.zeros((len(cols), pad_height - height, f), cols.dtype)],
+                              axis=1)
+    return cols.reshape(len(cols), -1)
+
+
+def write_images(path, images: Sequence[np.ndarray], targets: Sequence[str],
+                 labels: Sequence[str], tags: Sequence[str] | None = None,
+                 fmt: str = "NETCDF3_64BIT_OFFSET", attrs: dict | None = None):
+    """Write in-memory images, each (H_i, W_i) or (H_i, W_i, F), as a 2-D RNNLIB file."""
+    assert images, "no images"
+    f = 1 if images[0].ndim == 2 else images[0].shape[2]
+    with NcWriter(path, labels, f, [im.shape[1] for im in images], targets, tags, fmt,
+                  heights=[im.shape[0] for im in images], attrs=attrs) as w:
+        for im in images:
+            w.append(image_rows(im))
 
 
 _NC_TYPE_SIZE = {1: 1, 2: 1, 3: 2, 4: 4, 5: 4, 6: 8, 7: 1, 8: 2, 9: 4, 10: 8, 11: 8}

@@ -21,6 +21,27 @@ def best_path(log_probs: np.ndarray, length: int, blank: int) -> list[int]:
     return collapse(np.argmax(log_probs[:length], axis=1), blank)
 
 
+def best_path_batch(path: np.ndarray, lengths: np.ndarray, blank: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Frame argmaxes (T, N) and lengths (N,) → labels (N, L) padded with -1, counts (N,).
+
+    Vectorised over the batch: keep a frame if it differs from the previous one, is not
+    blank and lies within the sequence's length.
+    """
+    path = np.asarray(path)
+    T, N = path.shape
+    keep = np.ones((T, N), bool)
+    keep[1:] = path[1:] != path[:-1]
+    keep &= path != blank
+    keep &= np.arange(T)[:, None] < np.asarray(lengths)[None, :]
+    counts = keep.sum(0)
+    out = np.full((N, int(counts.max(initial=0))), -1, np.int64)
+    pos = np.cumsum(keep, axis=0) - 1          # (T, N) slot of each kept frame
+    t_idx, n_idx = np.nonzero(keep)
+    out[n_idx, pos[t_idx, n_idx]] = path[t_idx, n_idx]
+    return out, counts
+
+
 def prefix_beam_search(log_probs: np.ndarray, length: int, blank: int, beam: int = 8) -> list[int]:
     """log_probs: (T, C) for one sequence → most probable label sequence (approximately)."""
     lp = np.asarray(log_probs[:length], dtype=np.float64)

@@ -112,7 +112,10 @@ def save_training(folder: Path | None, name: str, cfg, model, opt, state: dict, 
     from rnntrain.config import to_dict
     save_atomic({"format": FORMAT_VERSION, "model": model.state_dict(),
                  "optim": opt.state_dict(), "state": dict(state), "config": to_dict(cfg),
-                 "labels": list(ds.labels), "input_size": ds.input_size},
+                 "labels": list(ds.labels), "input_size": ds.input_size,
+                 "image_height": ds.frame_height if ds.is_2d or ds.column_height else 0,
+                 # the image converter's settings (rnntrain-data images), for inference
+                 "image_frontend": getattr(ds, "image_frontend", "")},
                 Path(folder) / name)
     if name.startswith("step-"):
         prune(folder, keep_last)
@@ -146,6 +149,10 @@ def resume_candidates(folder: Path) -> tuple[list[Path], list[tuple[Path, str]]]
 def check_matches(ck: dict, path, ds, model_cfg: dict):
     """The checkpoint must fit the data (inputPattSize, alphabet) and the model config."""
     check_fits(ds, ck.get("labels") or [], ck.get("input_size"), f"checkpoint {path}")
+    have = ds.frame_height if ds.is_2d or ds.column_height else 0
+    if ck.get("image_height", 0) != have:
+        raise UserError(f"{path}: checkpoint's image height {ck.get('image_height', 0)} "
+                        f"differs from {ds.source} ({have})")
     if ck.get("config", {}).get("model") != model_cfg:
         diff = {k: (ck.get("config", {}).get("model", {}).get(k), v)
                 for k, v in model_cfg.items()

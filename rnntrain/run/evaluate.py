@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from rnntrain.decode.score import ErrorCounts
-from rnntrain.decode.search import best_path, prefix_beam_search
+from rnntrain.decode.search import best_path_batch
 from rnntrain.data.plan import make_plan
 from rnntrain.data.reader import ChunkReader
 from rnntrain.compute.tasks import collate
@@ -21,18 +21,27 @@ from rnntrain.parallel.collectives import sum_over_ranks
 
 @torch.no_grad()
 def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.device, comm=None,
-             beam: int = 0, on_hyp: Callable[[int, list[int]], None] | None = None
+             beam: int = 0, on_hyp: Callable[[int, list[int]], None] | None = None,
+             decoder=None, space: int | None = None, threads: int = 1,
+             on_log_probs: Callable[[list[int], np.ndarray, np.ndarray], None] | None = None
              ) -> dict[str, ErrorCounts]:
     """Score ``ds`` (only sequences with keep[i]); returns {"best": counts[, "beam": counts]}.
 
-    Infeasible sequences (keep False) are counted as skipped. on_hyp(seq id, labels) is
-    called with each best-path (or, with beam > 0, beam) hypothesis, in plan order.
+    "beam" is the ``decoder``'s (a ``decode.beam.Decoder``: beam search, lexicon, LM), or a
+    plain beam search of width ``beam``. ``space``: the word separator's label index, for
+    word error rates. Infeasible sequences (keep False) are counted as skipped.
+    on_hyp(seq id, labels) is called with each hypothesis (the decoder's if there is one),
+    in plan order; on_log_probs(seq ids, log_probs (T, N, C), lengths (N,)) with each
+    batch's network output (``tune-decoder`` keeps them to decode again).
     """
     rank, world = (comm.rank, comm.size) if comm is not None else (0, 1)
     was_training = model.training
     model.eval()
+    if decoder is None and beam:
+        from rnntrain.decode.beam import Decoder
+        decoder = Decoder(ds.labels, model.blank, beam=beam)
     counts = {"best": ErrorCounts()}
-    if beam:
+    if decoder is not None:
         counts["beam"] = ErrorCounts()
     counts["best"].skipped = int((~keep).sum()) if rank == 0 else 0
     steps = make_plan(ds, keep, batch_frames, seed=0, epoch=0, rank=rank, world=world,
@@ -55,16 +64,19 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
                 c = counts["best"]
                 c.loss_sum += loss
                 c.frames += int(lengths.sum())
-                for j, s in enumerate(seqs):
-                    ref = ds.targets[s].tolist()
-                    hyp = best_path(lp[:, j], int(out_len[j]), model.blank)
-                    c.add(ref, hyp)
-                    if beam:
-                        bh = prefix_beam_search(lp[:, j], int(out_len[j]), model.blank, beam)
-                        counts["beam"].add(ref, bh)
-                        hyp = bh
-                    if on_hyp is not None:
-                        on_hyp(s, hyp)
+                refs = [t.tolist() for t in targets]
+                lens = out_len.cpu().numpy()
+                bp, n = best_path_batch(lp.argmax(-1), lens, model.blank)  # (N, L), (N,)
+                hyps = [bp[j, : n[j]].tolist() for j in range(len(seqs))]
+                c.add_batch(refs, hyps, space)
+                if on_log_probs is not None:
+                    on_log_probs(list(seqs), lp, lens)
+                if decoder is not None:
+                    hyps = decoder.decode_batch(lp, lens, threads)
+                    counts["beam"].add_batch(refs, hyps, space)
+                if on_hyp is not None:
+                    for sid, h in zip(seqs, hyps):
+                        on_hyp(sid, h)
     finally:
         reader.close()
         model.train(was_training)
@@ -72,7 +84,7 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
         for key, c in counts.items():
             counts[key] = ErrorCounts.from_array(sum_over_ranks(comm, c.as_array(),
                                                                  f"{key} error counts"))
-    if beam:
+    if decoder is not None:
         b = counts["beam"]
         b.loss_sum, b.frames, b.skipped = (counts["best"].loss_sum, counts["best"].frames,
                                            counts["best"].skipped)

@@ -19,7 +19,8 @@ import torch
 from tqdm import tqdm
 
 from rnntrain.compute.device import autocast_dtype, host_every, memory_bytes, pick_device
-from rnntrain.compute.model import build_model, check_memory, count_params, init_uniform
+from rnntrain.compute.model import (build_model, check_memory, count_params, init_uniform,
+                                    total_subsample)
 from rnntrain.compute.optim import build_optimizer
 from rnntrain.compute.pool import cap_threads, default_threads, intra_threads
 from rnntrain.config import Config, to_dict, to_toml
@@ -91,10 +92,11 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
     log_skipped(log, cfg, train_ds, keep, val_ds, val_keep)
 
     # ---- model, optimizer, plan size and the step's machinery (same weights everywhere)
-    check_memory(cfg.model, train_ds.input_size, train_ds.num_labels,
+    check_memory(cfg.model, train_ds.frame_size, train_ds.num_labels,
                  5 + workers * tc.tasks_per_worker, memory_bytes(device))
     torch.manual_seed(tc.seed)
-    model = build_model(cfg.model, train_ds.input_size, train_ds.num_labels)
+    model = build_model(cfg.model, train_ds.frame_size, train_ds.num_labels,
+                        train_ds.frame_height)
     if cfg.model.cell == "peephole":
         init_uniform(model, 0.1)
     model.to(device).train()
@@ -210,8 +212,9 @@ def open_data(cfg: Config):
     val_ds = Dataset.open(cfg.data.val, cfg.data.chunk_frames) if cfg.data.val else None
     if val_ds is not None:
         check_compatible(train_ds, val_ds, "training data")
-    keep = train_ds.feasible(cfg.model.subsample)
-    val_keep = val_ds.feasible(cfg.model.subsample) if val_ds is not None else None
+    sub = total_subsample(cfg.model)  # frame stacking x the conv front end's width pooling
+    keep = train_ds.feasible(sub)
+    val_keep = val_ds.feasible(sub) if val_ds is not None else None
     return train_ds, keep, val_ds, val_keep
 
 
@@ -253,7 +256,7 @@ def test_best(log: RunLog, model, train_ds, cfg: Config, device, comm, workers: 
     check_compatible(train_ds, test_ds, "training data")
     load_best(log, model, comm)
     with intra_threads(workers * tc.intra_threads):
-        summ = evaluate(model, test_ds, test_ds.feasible(cfg.model.subsample),
+        summ = evaluate(model, test_ds, test_ds.feasible(total_subsample(cfg.model)),
                         tc.batch_frames, device, comm)["best"].summary()
     log.metrics(split="test", epoch=state.epoch - 1, step=state.step, **summ)
     log.info(f"test ({cfg.data.test}, best checkpoint): LER {summ['ler']:.4f} (sub "

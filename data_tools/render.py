@@ -1,0 +1,149 @@
+"""``rnntrain-data render-lines``: synthetic printed text lines for an OCR recipe.
+
+Fonts: the TrueType files matplotlib ships (``matplotlib/mpl-data/fonts/ttf``: DejaVu
+Sans/Serif/Mono in several styles under the DejaVu licence (Bitstream Vera derived, free),
+STIX under the SIL Open Font License, Computer Modern). Give them by file stem
+(``DejaVuSans``, ``STIXGeneral``, ``DejaVuSerif-Bold``, ...) or as paths to .ttf/.otf files.
+The Computer Modern files (cmr10 ...) use TeX's glyph layout, not Unicode's, and are
+refused for plain text.
+
+Text: Faker's ``en_US`` providers (the ``faker`` package from PyPI, MIT licence):
+sentences from its English word list, names, street addresses, company names, dates and
+numbers (ASCII lines only), cut at word boundaries to at most ``--max-chars`` characters. Or ``--text FILE``:
+lines of any UTF-8 text file, in order, cycled.
+
+Each line is drawn black on white at a size drawn from ``--sizes``, then varied: rotation
+up to ``--rotate`` degrees, ink grey level, Gaussian blur up to ``--blur`` pixels and
+additive Gaussian noise (``--noise``, std in grey levels / 255), each drawn from a
+generator seeded by (--seed, line number), so a set is reproducible and its lines
+independent. Output: ``OUT/img/NNNNNN.png`` and ``OUT/list.tsv`` (``img/NNNNNN.png<TAB>text``,
+the input of ``rnntrain-data images --chars``).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from rnntrain.errors import UserError
+
+
+def font_dir() -> Path:
+    import matplotlib
+    return Path(matplotlib.get_data_path()) / "fonts" / "ttf"
+
+
+def find_font(name: str) -> Path:
+    p = Path(name)
+    if p.suffix.lower() in (".ttf", ".otf") and p.is_file():
+        return p
+    if p.stem.startswith(("cm", "STIXSiz", "STIXNonUni")) and p.suffix == "":
+        raise UserError(f"--fonts {name}: a symbol/TeX-encoded font, not for plain text")
+    cand = font_dir() / f"{name}.ttf"
+    if cand.is_file():
+        return cand
+    have = sorted(f.stem for f in font_dir().glob("*.ttf")
+                  if not f.stem.startswith(("cm", "STIXSiz", "STIXNonUni", "LastResort")))
+    raise UserError(f"--fonts {name}: no such font file; matplotlib ships {', '.join(have)}")
+
+
+def faker_lines(count: int, seed: int, max_chars: int) -> list[str]:
+    """``count`` lines of English-like text from Faker's en_US providers (seeded)."""
+    try:
+        from faker import Faker
+    except ImportError:
+        raise UserError("render-lines needs the 'faker' package for its text (pip install "
+                        "faker, or rnntrain[images]); or give --text FILE") from None
+    fk = Faker("en_US")
+    fk.seed_instance(seed)
+    rng = np.random.default_rng([seed, 0x7E47])
+    makers = [lambda: fk.sentence(nb_words=8), lambda: fk.sentence(nb_words=5),
+              fk.name, fk.street_address, fk.company, fk.city,
+              lambda: f"{fk.date()} {fk.random_int(1, 9999)}",
+              lambda: f"{fk.catch_phrase()}.", lambda: f"{fk.random_int(10, 99999):,} {fk.word()}"]
+    out = []
+    while len(out) < count:
+        s = " ".join(makers[int(rng.integers(len(makers)))]().split())
+        if s.isascii():  # a fixed printable-ASCII alphabet covers every line (recipe)
+            out.append(cut(s, max_chars))
+    return out
+
+
+def cut(s: str, max_chars: int) -> str:
+    """``s`` shortened at a word boundary to at most ``max_chars`` (a word longer than
+    that is cut inside)."""
+    if len(s) <= max_chars:
+        return s
+    head = s[:max_chars + 1].rsplit(" ", 1)[0]
+    return head if 0 < len(head) <= max_chars else s[:max_chars]
+
+
+def file_lines(path: str, count: int, max_chars: int) -> list[str]:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"--text {path}: file not found")
+    lines = [" ".join(ln.split()) for ln in p.read_text(encoding="utf-8").splitlines()]
+    lines = [cut(ln, max_chars) for ln in lines if ln]
+    if not lines:
+        raise UserError(f"--text {path}: no non-empty lines")
+    return [lines[i % len(lines)] for i in range(count)]
+
+
+def render_line(text: str, font_path: Path, size: int, rng: np.random.Generator,
+                rotate: float, blur: float, noise: float):
+    """One text line → a grayscale Pillow image (dark ink on white paper)."""
+    from PIL import Image, ImageDraw, ImageFilter, ImageFont
+    font = ImageFont.truetype(str(font_path), size)
+    left, top, right, bottom = font.getbbox(text)
+    ascent, descent = font.getmetrics()
+    pad = max(2, size // 4)
+    w = max(right, 1) + 2 * pad
+    h = ascent + descent + 2 * pad
+    ink = int(rng.integers(0, 90))                       # black to dark grey
+    paper = int(rng.integers(215, 256))
+    im = Image.new("L", (w, h), paper)
+    ImageDraw.Draw(im).text((pad, pad), text, font=font, fill=ink)
+    if rotate:
+        im = im.rotate(float(rng.uniform(-rotate, rotate)), resample=Image.BILINEAR,
+                       expand=True, fillcolor=paper)
+    if blur:
+        r = float(rng.uniform(0, blur))
+        if r > 0.2:
+            im = im.filter(ImageFilter.GaussianBlur(r))
+    a = np.asarray(im, dtype=np.float32)
+    if noise:
+        a = a + rng.normal(0, noise * float(rng.uniform(0.2, 1.0)), a.shape)
+    return Image.fromarray(np.clip(a, 0, 255).astype(np.uint8))
+
+
+def render_lines(out: str, count: int, fonts: list[str], sizes: tuple[int, int], seed: int,
+                 rotate: float = 1.5, blur: float = 1.0, noise: float = 8.0,
+                 max_chars: int = 40, text: str | None = None, progress: bool = True) -> Path:
+    """Write ``count`` rendered lines into ``out``; returns the list file's path."""
+    from tqdm import tqdm
+    if count < 1:
+        raise UserError(f"--count {count} must be >= 1")
+    if not fonts:
+        raise UserError("--fonts: give at least one font")
+    if not 4 <= sizes[0] <= sizes[1]:
+        raise UserError(f"--sizes {sizes[0]}-{sizes[1]}: give A-B with 4 <= A <= B")
+    paths = [find_font(f) for f in fonts]
+    lines = file_lines(text, count, max_chars) if text else faker_lines(count, seed, max_chars)
+    odir = Path(out)
+    (odir / "img").mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, line in enumerate(tqdm(lines, desc="render", unit="line",
+                                  disable=not progress or None, leave=False)):
+        rng = np.random.default_rng([seed, i])
+        k = int(rng.integers(len(paths)))
+        im = render_line(line, paths[k], int(rng.integers(sizes[0], sizes[1] + 1)), rng,
+                         rotate, blur, noise)
+        name = f"img/{i:06d}.png"
+        im.save(odir / name)
+        rows.append(f"{name}\t{line}\n")
+    lst = odir / "list.tsv"
+    tmp = odir / f".list.tsv.tmp{os.getpid()}"
+    tmp.write_text("".join(rows), encoding="utf-8")
+    os.replace(tmp, lst)
+    return lst

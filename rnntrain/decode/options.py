@@ -1,0 +1,52 @@
+"""Decoding options shared by the commands that decode (``eval``, ``decode``,
+``tune-decoder``, ``transcribe``): argparse arguments → a ``decode.beam.Decoder``.
+
+Imports nothing heavy, so building the command-line parser stays fast.
+"""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from rnntrain.errors import UserError
+
+
+def add_decoder_arguments(p, default_threads: int = 0) -> None:
+    """The decoding options of ``eval``, ``decode``, ``tune-decoder`` (and any command that
+    decodes): pass the parsed namespace to ``decoder_from_args``."""
+    p.add_argument("--beam", type=int, default=None,
+                   help="prefix beam search width (0 = best path; default 0, or 8 with "
+                        "--lm/--lexicon)")
+    p.add_argument("--lexicon", metavar="FILE", help="word list: hypotheses contain only "
+                   "these words (one per line: WORD, or WORD LABEL LABEL ...); needs --space")
+    p.add_argument("--space", metavar="LABEL", help="the label that separates words (word "
+                   "error rates, lexicon, word-level LM)")
+    p.add_argument("--lm", metavar="FILE", help="ARPA n-gram model (label- or word-level; "
+                   "see rnntrain-data ngram)")
+    p.add_argument("--lm-weight", type=float, default=0.5, help="LM score weight (default 0.5)")
+    p.add_argument("--word-bonus", type=float, default=0.0,
+                   help="added per word (per label without --space); default 0")
+    p.add_argument("--threads", type=int, default=default_threads,
+                   help="threads decoding sequences in parallel (default: the CPU count)")
+
+
+def decoder_from_args(args, labels: Sequence[str], blank: int) -> "Decoder | None":
+    """The Decoder the options ask for, or None for plain best path."""
+    beam = args.beam if args.beam is not None else (8 if (args.lm or args.lexicon) else 0)
+    if beam == 0 and not (args.lm or args.lexicon):
+        return None
+    from rnntrain.decode.beam import Decoder  # numba: only when a beam search is asked for
+    return Decoder(labels, blank, beam=beam, space=args.space, lexicon=args.lexicon,
+                   lm=args.lm, lm_weight=args.lm_weight, word_bonus=args.word_bonus)
+
+
+def space_index(args, labels: Sequence[str]) -> int | None:
+    if args.space is None:
+        return None
+    if args.space not in labels:
+        raise UserError(f"--space '{args.space}' is not a label of the model's alphabet")
+    return list(labels).index(args.space)
+
+
+def decode_threads(args) -> int:
+    return args.threads if args.threads and args.threads > 0 else (os.cpu_count() or 1)

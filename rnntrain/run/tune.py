@@ -1,0 +1,73 @@
+"""``rnntrain tune-decoder``: LM weight and word bonus searched on a validation set.
+
+The network runs once over the data (``evaluate`` keeps every batch's log-probabilities);
+then every (LM weight, word bonus) pair of the grid decodes the kept outputs with the same
+decoder (beam, lexicon, LM) and is scored: WER with a word separator, LER otherwise, ties
+broken by LER and then by the smaller weight and bonus. Prints the table and the best pair.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from rnntrain.decode.options import decode_threads, space_index
+from rnntrain.decode.score import ErrorCounts
+from rnntrain.errors import UserError
+
+
+def parse_grid(text: str, what: str) -> list[float]:
+    try:
+        vals = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"{what} {text!r}: give comma-separated numbers, e.g. 0,0.5,1") from None
+    if not vals:
+        raise UserError(f"{what}: no values")
+    return vals
+
+
+def tune_decoder(args, cfg, ds, model, device) -> int:
+    from rnntrain.decode.beam import Decoder
+    from rnntrain.run.evaluate import evaluate
+    weights = parse_grid(args.lm_weights, "--lm-weights")
+    bonuses = parse_grid(args.word_bonuses, "--word-bonuses")
+    if not args.lm and not args.lexicon:
+        raise UserError("tune-decoder needs --lm FILE (and/or --lexicon FILE) to tune")
+    space = space_index(args, ds.labels)
+    base = Decoder(ds.labels, model.blank, beam=args.beam if args.beam else 8,
+                   space=args.space, lexicon=args.lexicon, lm=args.lm)
+    threads = decode_threads(args)
+    kept: list[tuple[list[int], np.ndarray, np.ndarray]] = []
+    keep = ds.feasible(cfg.model.subsample)
+    counts = evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, device,
+                      space=space, on_log_probs=lambda s, lp, n: kept.append((s, lp, n)))
+    refs = {s: ds.targets[s].tolist() for seqs, _, _ in kept for s in seqs}
+    rows = []
+    for w in weights:
+        for b in bonuses:
+            dec = base.with_weights(w, b)
+            c = ErrorCounts()
+            for seqs, lp, n in kept:
+                c.add_batch([refs[s] for s in seqs], dec.decode_batch(lp, n, threads), space)
+            s = c.summary()
+            rows.append({"lm_weight": w, "word_bonus": b, "wer": s.get("wer"), "ler": s["ler"]})
+    key = (lambda r: (r["wer"], r["ler"], r["lm_weight"], abs(r["word_bonus"]))) \
+        if space is not None else (lambda r: (r["ler"], r["lm_weight"], abs(r["word_bonus"])))
+    best = min(rows, key=key)
+    bp = counts["best"].summary()
+    if args.json:
+        print(json.dumps({"best": best, "best_path": {k: bp.get(k) for k in ("wer", "ler")},
+                          "decoder": base.describe(), "table": rows}))
+        return 0
+    metric = "WER" if space is not None else "LER"
+    print(f"{base.describe()} on {args.data}: "
+          f"{counts['best'].seqs} sequences; best path {metric} "
+          f"{(bp.get('wer') if space is not None else bp['ler']):.4f}")
+    print(f"{'lm-weight':>9} {'word-bonus':>10} {'WER':>8} {'LER':>8}")
+    for r in rows:
+        wer = f"{r['wer']:.4f}" if r["wer"] is not None else "-"
+        mark = "  <- best" if r is best else ""
+        print(f"{r['lm_weight']:>9g} {r['word_bonus']:>10g} {wer:>8} {r['ler']:>8.4f}{mark}")
+    print(f"best: --lm-weight {best['lm_weight']:g} --word-bonus {best['word_bonus']:g} "
+          f"({metric} {best['wer'] if space is not None else best['ler']:.4f})")
+    return 0
