@@ -1,4 +1,4 @@
-"""Benchmark section: MPI ranks.
+"""Benchmark section: MPI ranks, and torch.distributed (torchrun, gloo) beside them.
 
 1. Speed: 2 ranks x 1 thread vs 1 rank x 1 thread on the default model (2-layer BLSTM,
    128 per direction) and the default synthetic task, as a user runs it (``rnntrain
@@ -12,6 +12,9 @@
    (length-grouped global batches dealt across ranks) vs random sharding (each rank
    batches its own random 1/N of the data) at N = 2 and 4 (4 is oversubscribed on a
    2-core machine: fine for the gap, not for speed).
+
+4. torch.distributed rows: the same 2-rank run under torchrun, and the exchange alone
+   over gloo's TCP, beside MPI's.
 
     python -m bench.ranks [--quick]
 """
@@ -48,9 +51,14 @@ def _mpiexec() -> str | None:
     return str(cand) if cand.exists() else shutil.which("mpiexec")
 
 
-def _launch(n: int, args: list[str], env: dict | None = None, timeout: float = 1200):
+def _launch(n: int, args: list[str], env: dict | None = None, timeout: float = 1200,
+            engine: str = "mpi"):
+    """``python ARGS`` alone, under mpiexec, or under torchrun (engine = "torch")."""
     cmd = [sys.executable, *args]
-    if n > 1:
+    if n > 1 and engine == "torch":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node", str(n), *args]
+    elif n > 1:
         cmd = [_mpiexec(), "-n", str(n), *cmd]
     e = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=e, timeout=timeout)
@@ -77,11 +85,12 @@ def _metrics(run_dir: Path) -> dict:
 STRATEGY = {"ours": "auto", "random": "random"}
 
 
-def _train(n: int, config: Path, run_dir: Path, *overrides: str, sharding: str = "ours"):
+def _train(n: int, config: Path, run_dir: Path, *overrides: str, sharding: str = "ours",
+           engine: str = "mpi"):
     args = ["-m", "rnntrain", "train", str(config), f"run.dir={run_dir}",
             f"train.plan={STRATEGY[sharding]}", *overrides]
     t0 = time.perf_counter()
-    _launch(n, args)
+    _launch(n, args, engine=engine)
     m = _metrics(run_dir)
     m["wall_s"] = time.perf_counter() - t0
     return m
@@ -135,9 +144,10 @@ def _delta(before: dict, after: dict) -> tuple[int, int]:
 
 
 def exchange_worker(mode: str, wire: str, steps: int):
-    """Under mpiexec: K exchanges of the default model's gradient; rank 0 prints JSON."""
+    """Under mpiexec or torchrun: K exchanges of the default model's gradient; rank 0
+    prints JSON."""
     import torch
-    from rnntrain.parallel import mpi as dist
+    from rnntrain.parallel import launch as dist
     from rnntrain.config import DistConfig, ModelConfig
     from rnntrain.parallel.exchange import Exchange
     from rnntrain.compute.model import build_model
@@ -174,11 +184,48 @@ def exchange_worker(mode: str, wire: str, steps: int):
                                    "handed": [h / steps for h in handed], "steps": steps}))
 
 
-def _exchange(n: int, mode: str, wire: str, steps: int, tcp: bool) -> dict:
+def _exchange(n: int, mode: str, wire: str, steps: int, tcp: bool, engine: str = "mpi") -> dict:
     env = {"MPIR_CVAR_NOLOCAL": "1", "UCX_TLS": "tcp,self"} if tcp else {}
-    r = _launch(n, ["-m", "bench.ranks", "--exchange-worker", mode, wire, str(steps)], env)
+    if engine == "torch":
+        env = {"GLOO_SOCKET_IFNAME": "lo"}  # gloo on the CPU: always TCP
+    r = _launch(n, ["-m", "bench.ranks", "--exchange-worker", mode, wire, str(steps)], env,
+                engine=engine)
     line = [x for x in r.stdout.splitlines() if x.startswith("BENCH ")][-1]
     return json.loads(line[6:])
+
+
+def torch_rows(cfg: Path, work: Path, one: dict, two_mpi: dict, steps: int,
+               quick: bool) -> list[str]:
+    """torch.distributed (torchrun + gloo) beside MPI: 2 ranks vs 1 as a user runs it,
+    and the exchange alone (bytes on the wire from the kernel's socket counters)."""
+    lines = ["### torch.distributed (torchrun, gloo) beside MPI", "",
+             "The same runs started with `torchrun --standalone --nproc_per_node 2` "
+             "(dist.backend = auto picks torch.distributed). gloo has no shared-memory path "
+             "on the CPU: every byte goes over TCP (here the loopback). The 16-bit wires "
+             "have no native reduction in torch.distributed: each rank gathers every "
+             "rank's compressed message and sums them in rank order ((N-1) x size/2 "
+             "received per rank).", "",
+             "| engine | run | frames/s | speed-up vs 1 rank | step s | exchange s (incl. "
+             "wait) |", "|---|---|---|---|---|---|"]
+    t2 = _train(2, cfg, work / "torch2", engine="torch")
+    for eng, name, m in (("-", "1 rank", one), ("MPI", "2 ranks, allreduce", two_mpi),
+                         ("torch (gloo)", "2 ranks, allreduce", t2)):
+        lines.append(f"| {eng} | {name} | {m['frames_per_s']:.0f} | "
+                     f"{m['frames_per_s'] / one['frames_per_s']:.2f}x | {m['step_s']:.3f} | "
+                     f"{m['comm_s']:.4f} |")
+    lines += ["", "| engine | ranks | mode | wire | rank 0 sent / received | other rank "
+              "sent / received | time/exchange (TCP) |", "|---|---|---|---|---|---|---|"]
+    combos = (("allreduce", "fp32"), ("master", "fp32"), ("allreduce", "bf16"))
+    for engine in ("mpi", "torch"):
+        for mode, wire in combos[:1] if quick else combos:
+            x = _exchange(2, mode, wire, steps, tcp=True, engine=engine)
+            size = x["model_bytes"]
+            sent, recv = np.array(x["sent"]) / size, np.array(x["recv"]) / size
+            lines.append(f"| {'MPI' if engine == 'mpi' else 'torch (gloo)'} | 2 | {mode} | "
+                         f"{wire} | {sent[0]:.2f} / {recv[0]:.2f} | {sent[1]:.2f} / "
+                         f"{recv[1]:.2f} | {x['s'] * 1e3:.1f} ms |")
+    lines += ["", "Bytes in units of the fp32 gradient size.", ""]
+    return lines
 
 
 # ---- the paper projection (docs/scaling.md)
@@ -303,6 +350,9 @@ def run(quick: bool = False) -> str:
               f"{shm_m['s'] * 1e3:.1f} ms (master: reduce + weight broadcast) at 2 ranks, "
               f"vs a {two['step_s'] * 1e3:.0f} ms step: "
               f"{100 * shm['s'] / max(two['step_s'], 1e-9):.1f}% of the step.", ""]
+
+    # 2b. the same under torch.distributed (torchrun, gloo)
+    lines += torch_rows(cfg, work, one, two, steps, quick)
 
     # 3. straggler gap
     lines += ["### Straggler gap: our sharding vs random sharding", "",

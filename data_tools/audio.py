@@ -1,4 +1,4 @@
-"""Audio (WAV) or arrays (.npy) listed in a LIST.tsv → normalised RNNLIB NetCDF.
+"""Audio (WAV, FLAC, OGG, ...) or arrays (.npy) listed in a LIST.tsv → normalised RNNLIB NetCDF.
 
 LIST.tsv: one utterance per line, ``path<TAB>transcript``; the transcript is a space-
 separated list of label names (it may be empty); relative paths are relative to the list's
@@ -39,6 +39,12 @@ class Entry:
     line: int          # 1-based line number in the list
     path: Path
     transcript: list[str]
+    tag: str | None = None     # seqTags entry (default: the file name)
+    where: str | None = None   # names the entry in errors (default: "LIST line N")
+    start: float = 0.0         # seconds: a segment of the file (Kaldi segments)
+    end: float | None = None   # seconds; None = to the end of the file
+    load: object = None        # () -> (rate, mono signal): audio not in a file (Lhotse)
+    rate: int | None = None    # the sample rate, when known without reading (Lhotse)
 
 
 def read_list(list_path) -> list[Entry]:
@@ -75,10 +81,47 @@ def parse_labels(text: str) -> list[str]:
 
 
 def _where(list_path, e: Entry) -> str:
-    return f"{list_path} line {e.line}: {e.path}"
+    return e.where or f"{list_path} line {e.line}: {e.path}"
+
+
+def _at(list_path, e: Entry) -> str:
+    """The prefix of an error about entry ``e`` (the error itself names the file)."""
+    return e.where or f"{list_path} line {e.line}"
 
 
 # ---------------------------------------------------------------- sources
+
+
+def read_audio(path, start: float = 0.0, end: float | None = None) -> tuple[int, np.ndarray]:
+    """Any audio file soundfile (libsndfile) reads — WAV, FLAC, OGG/Vorbis, Opus, ... —
+    optionally only [start, end) seconds of it → (rate, mono float64 signal in [-1, 1]).
+    Whole WAV files go through scipy (no extra dependency); raises UserError naming the
+    file."""
+    if not os.path.isfile(path):
+        raise UserError(f"{path}: file not found")
+    if str(path).lower().endswith(".wav") and not start and end is None:
+        return read_wav(path)
+    try:
+        import soundfile as sf
+    except ImportError:
+        raise UserError(f"{path}: reading this file needs the soundfile package (pip install "
+                        f"soundfile); WAV files are read without it") from None
+    try:
+        info = sf.info(path)
+    except (RuntimeError, TypeError, ValueError) as e:  # sf.LibsndfileError is a RuntimeError
+        raise UserError(f"{path}: cannot read as audio ({e})") from None
+    a = int(round(start * info.samplerate))
+    b = info.frames if end is None else int(round(end * info.samplerate))
+    if not 0 <= a < b <= info.frames + int(0.01 * info.samplerate):  # 10 ms of slack
+        span = f"{start:.3f}-{'end' if end is None else f'{end:.3f}'} s"
+        raise UserError(f"{path}: segment {span} lies outside the file "
+                        f"({info.frames / info.samplerate:.3f} s)")
+    try:
+        x, rate = sf.read(path, start=a, stop=min(b, info.frames), dtype="float64",
+                          always_2d=True)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise UserError(f"{path}: cannot read as audio ({e})") from None
+    return _mono_checked(path, int(rate), x)
 
 
 def read_wav(path) -> tuple[int, np.ndarray]:
@@ -96,6 +139,10 @@ def read_wav(path) -> tuple[int, np.ndarray]:
         # bytes") without checking its length first
         why = f"truncated header ({e})" if isinstance(e, struct.error) else str(e)
         raise UserError(f"{path}: cannot read as WAV ({why})") from None
+    return _mono_checked(path, int(rate), x)
+
+
+def _mono_checked(path, rate: int, x: np.ndarray) -> tuple[int, np.ndarray]:
     if x.dtype == np.uint8:
         x = (x.astype(np.float64) - 128.0) / 128.0
     elif x.dtype.kind == "i":
@@ -107,29 +154,39 @@ def read_wav(path) -> tuple[int, np.ndarray]:
     if x.ndim == 2:
         x = x.mean(axis=1)  # stereo (or more) → mono
     if x.size == 0:
-        raise UserError(f"{path}: WAV file has no samples")
+        raise UserError(f"{path}: audio file has no samples")
     if not np.isfinite(x).all():
-        raise UserError(f"{path}: WAV file contains NaN or Inf samples")
+        raise UserError(f"{path}: audio file contains NaN or Inf samples")
     return int(rate), x
 
 
 class AudioSource:
-    """WAV files → features (FeatureConfig); other sample rates are resampled."""
+    """Audio files (or Lhotse cuts) → features (FeatureConfig); other sample rates are
+    resampled."""
 
     def __init__(self, cfg: feat.FeatureConfig):
         self.cfg, self.fb = cfg, feat.mel_filterbank(cfg)
         self.size = cfg.size
 
-    def signal(self, path) -> np.ndarray:
-        rate, x = read_wav(path)
+    def resample(self, rate: int, x: np.ndarray) -> np.ndarray:
         if rate != self.cfg.rate:
             from scipy.signal import resample_poly
             g = math.gcd(rate, self.cfg.rate)
             x = resample_poly(x, self.cfg.rate // g, rate // g)
         return x
 
+    def signal(self, path) -> np.ndarray:
+        return self.resample(*read_audio(path))
+
     def features(self, path) -> np.ndarray:
         return feat.compute(self.signal(path), self.cfg, self.fb)
+
+    def entry_features(self, e: Entry) -> np.ndarray:
+        if e.load is not None:
+            rate, x = e.load()
+        else:
+            rate, x = read_audio(str(e.path), e.start, e.end)
+        return feat.compute(self.resample(rate, x), self.cfg, self.fb)
 
     def describe(self) -> dict:
         return {"source": "audio", **self.cfg.to_dict()}
@@ -162,6 +219,9 @@ class ArraySource:
         if (bad := ncdata.first_nonfinite_row(x)) is not None:
             raise UserError(f"{path}: NaN or Inf in frame {bad}")
         return x
+
+    def entry_features(self, e: Entry) -> np.ndarray:
+        return self.features(str(e.path))
 
     def describe(self) -> dict:
         return {"source": "arrays", "size": self.size}
@@ -234,15 +294,18 @@ class Stats:
 
 
 def convert(list_path, out, source, stats_path=None, save_stats=None, labels=None,
-            fmt="NETCDF3_64BIT_OFFSET", progress=True) -> Stats:
+            fmt="NETCDF3_64BIT_OFFSET", progress=True, entries: list[Entry] | None = None) -> Stats:
     """Convert the listed utterances into ``out`` (RNNLIB NetCDF); returns the statistics.
 
     source: AudioSource or ArraySource. stats_path: apply these saved statistics (and their
     alphabet); otherwise compute them on this list and save to save_stats (default
-    ``<out>.stats.json``).
+    ``<out>.stats.json``). ``entries``: already parsed (Kaldi data dir, Lhotse cuts);
+    ``list_path`` then only names the input in messages.
     """
     from tqdm import tqdm
-    entries = read_list(list_path)
+    entries = read_list(list_path) if entries is None else entries
+    if not entries:
+        raise UserError(f"{list_path}: no utterances listed")
     given = Stats.load(stats_path) if stats_path else None
     if given is not None:
         if given.source != source.describe() and given.source.get("source") == "audio":
@@ -268,9 +331,9 @@ def convert(list_path, out, source, stats_path=None, save_stats=None, labels=Non
     bar = dict(unit="utt", disable=not progress or None, leave=False)
     for e in tqdm(entries, desc="pass 1/2 (lengths, statistics)", **bar):
         try:
-            x = source.features(str(e.path))
+            x = source.entry_features(e)
         except UserError as err:
-            raise UserError(f"{list_path} line {e.line}: {err}") from None
+            raise UserError(f"{_at(list_path, e)}: {err}") from None
         lengths.append(len(x))
         if given is None:
             running.add(x)
@@ -285,11 +348,14 @@ def convert(list_path, out, source, stats_path=None, save_stats=None, labels=Non
                             f"the data has {source.size}")
 
     # pass 2: normalised frames, one utterance at a time
-    tags = [e.path.name for e in entries]
+    tags = [e.tag or e.path.name for e in entries]
     with NcWriter(out, labels, source.size, lengths, [" ".join(e.transcript) for e in entries],
                   tags, fmt) as w:
         for e, n in zip(tqdm(entries, desc="pass 2/2 (write)", **bar), lengths):
-            x = source.features(str(e.path))
+            try:
+                x = source.entry_features(e)
+            except UserError as err:
+                raise UserError(f"{_at(list_path, e)}: {err}") from None
             if len(x) != n:
                 raise UserError(f"{_where(list_path, e)}: changed while converting")
             w.append(stats.apply(x))
@@ -297,7 +363,7 @@ def convert(list_path, out, source, stats_path=None, save_stats=None, labels=Non
 
 
 def feature_config(kind: str | None, rate: int | None, mels: int | None, stats_path=None,
-                   list_path=None) -> feat.FeatureConfig:
+                   list_path=None, first: Entry | None = None) -> feat.FeatureConfig:
     """Feature settings from flags, the saved statistics, or (rate) the first listed file."""
     if stats_path:
         src = dict(Stats.load(stats_path).source)
@@ -309,9 +375,17 @@ def feature_config(kind: str | None, rate: int | None, mels: int | None, stats_p
             if v is not None and v != have:
                 raise UserError(f"{flag} {v} differs from {have} saved in {stats_path}")
         return cfg
-    if rate is None:
-        first = read_list(list_path)[0]
-        rate = read_wav(str(first.path))[0]
+    if rate is None:  # the first utterance's rate; its errors name it like any other's
+        first = first or read_list(list_path)[0]
+        try:
+            if first.rate is not None:
+                rate = first.rate
+            elif first.load is not None:
+                rate = first.load()[0]
+            else:
+                rate = read_audio(str(first.path), first.start, first.end)[0]
+        except UserError as err:
+            raise UserError(f"{_at(list_path, first)}: {err}") from None
     try:
         return feat.FeatureConfig(kind=kind or "fbank", rate=rate, n_mels=mels or 40)
     except ValueError as e:

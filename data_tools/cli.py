@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rnntrain.cli_args import (Parser, non_negative_float, non_negative_int, positive_float,
+                               positive_int, run_main, version)
 from rnntrain.errors import UserError
 from rnntrain.data.ncdata import FORMATS
 
@@ -44,6 +46,21 @@ def _audio(a):
                                         f"frames saved to {a.save_stats or a.out + '.stats.json'}"))
 
 
+def _corpus(a):
+    from .audio import AudioSource, convert, feature_config, parse_labels
+    from .kaldi import kaldi_entries, lhotse_entries
+    src = a.data_dir if a.cmd == "kaldi" else a.cuts
+    entries, summary = (kaldi_entries if a.cmd == "kaldi" else lhotse_entries)(src, a.units)
+    if not entries:
+        raise UserError(f"{src}: no utterances")
+    cfg = feature_config(a.features, a.rate, a.mels, a.stats, src, first=entries[0])
+    st = convert(src, a.out, AudioSource(cfg), a.stats, a.save_stats,
+                 parse_labels(a.labels) if a.labels else None, a.format, entries=entries)
+    print(f"wrote {a.out}: {summary}; {cfg.kind} {cfg.size} features at {cfg.rate} Hz, "
+          f"{len(st.labels)} labels" + ("" if a.stats else f"; statistics from {st.frames} "
+                                        f"frames saved to {a.save_stats or a.out + '.stats.json'}"))
+
+
 def _convert(a):
     from .audio import ArraySource, convert, parse_labels
     st = convert(a.list, a.out, ArraySource(), a.stats, a.save_stats,
@@ -65,15 +82,30 @@ def _yesno_lists(a):
     print("wrote " + ", ".join(str(p) for p in out.values()))
 
 
-def _list_args(s, what: str):
-    s.add_argument("--list", required=True, help=f"LIST.tsv: {what}<TAB>transcript per line")
+def _list_args(s, what: str | None):
+    if what:
+        s.add_argument("--list", required=True,
+                       help=f"LIST.tsv: {what}<TAB>transcript per line")
     s.add_argument("--out", required=True, help="output .nc file")
     s.add_argument("--stats", help="apply these saved statistics (validation/test sets)")
     s.add_argument("--save-stats", help="where to save the statistics computed on this list "
                                         "(default OUT.stats.json)")
     s.add_argument("--labels", help="alphabet in index order, comma-separated "
                                     "(default: sorted set of transcript tokens)")
-    s.add_argument("--format", choices=FORMATS, default="NETCDF3_64BIT_OFFSET")
+    s.add_argument("--format", choices=FORMATS, default="NETCDF3_64BIT_OFFSET",
+                   help="NetCDF file format")
+
+
+def _feature_args(a):
+    a.add_argument("--features", choices=("fbank", "mfcc"),
+                   help="log-mel filterbank (default) or MFCC 13 + delta + delta-delta")
+    a.add_argument("--rate", type=positive_int, help="feature sample rate in Hz; other rates "
+                   "are resampled (default: the first utterance's rate)")
+    a.add_argument("--mels", type=positive_int, help="mel bands (default 40)")
+    if a.prog.split()[-1] in ("kaldi", "lhotse"):
+        a.add_argument("--units", choices=("words", "chars"), default="words",
+                       help="labels: the transcript's space-separated tokens, or its "
+                            "characters with '|' between words")
 
 
 def _images(a):
@@ -133,50 +165,70 @@ def _ngram(a):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rnntrain-data", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p = Parser(prog="rnntrain-data", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"rnntrain-data {version()}")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     s = sub.add_parser("synth", help="write a synthetic CTC dataset")
-    s.add_argument("out")
-    s.add_argument("--seqs", type=int, default=2000)
-    s.add_argument("--labels", type=int, default=20)
-    s.add_argument("--inputs", type=int, default=20, help="inputPattSize")
-    s.add_argument("--mean-labels", type=float, default=6.0)
-    s.add_argument("--noise", type=float, default=0.5)
-    s.add_argument("--seed", type=int, default=1)
-    s.add_argument("--format", choices=FORMATS, default="NETCDF3_64BIT_OFFSET")
+    s.add_argument("out", help="output .nc file")
+    s.add_argument("--seqs", type=positive_int, default=2000, help="number of sequences")
+    s.add_argument("--labels", type=positive_int, default=20, help="alphabet size")
+    s.add_argument("--inputs", type=positive_int, default=20, help="inputPattSize")
+    s.add_argument("--mean-labels", type=positive_float, default=6.0,
+                   help="mean target length")
+    s.add_argument("--noise", type=non_negative_float, default=0.5,
+                   help="Gaussian noise std on the frames")
+    s.add_argument("--seed", type=non_negative_int, default=1, help="random seed")
+    s.add_argument("--format", choices=FORMATS, default="NETCDF3_64BIT_OFFSET",
+                   help="NetCDF file format")
     s.set_defaults(fn=_synth)
     i = sub.add_parser("inspect", help="summarise a .nc file or dataset manifest")
-    i.add_argument("path")
-    i.add_argument("--subsample", type=int, default=1,
+    i.add_argument("path", help=".nc file or sharded dataset folder/manifest.json")
+    i.add_argument("--subsample", type=positive_int, default=1,
                    help="input frames per output frame in training: model.subsample times the "
                    "conv front end's width pooling (for the infeasible count)")
     i.set_defaults(fn=_inspect)
     h = sub.add_parser("shard", help="length-sorted shards + manifest (streaming)")
-    h.add_argument("inputs", nargs="+", metavar="INPUT.nc")
-    h.add_argument("--shards", type=int, required=True, help="number of shards (a multiple "
+    h.add_argument("inputs", nargs="+", metavar="INPUT.nc", help="RNNLIB .nc files to shard")
+    h.add_argument("--shards", type=positive_int, required=True, help="number of shards (a multiple "
                    "of the number of MPI ranks you will train on)")
     h.add_argument("--out", required=True, help="output folder (gets manifest.json)")
     g = h.add_mutually_exclusive_group()
-    g.add_argument("--chunk-frames", type=int, help="frames per chunk file (default 2000000)")
-    g.add_argument("--chunk-seqs", type=int, help="sequences per chunk file")
-    h.add_argument("--seed", type=int, default=1, help="breaks length ties (and shuffles "
+    g.add_argument("--chunk-frames", type=positive_int, help="frames per chunk file (default 2000000)")
+    g.add_argument("--chunk-seqs", type=positive_int, help="sequences per chunk file")
+    h.add_argument("--seed", type=non_negative_int, default=1, help="breaks length ties (and shuffles "
                    "with --within shuffle)")
     h.add_argument("--within", choices=("sorted", "shuffle"), default="sorted",
                    help="order inside a shard: sorted by length (default) or shuffled "
                    "(the RNNLIB recipe)")
     h.add_argument("--merge-labels", action="store_true",
                    help="allow inputs with different alphabets (uses their union)")
-    h.add_argument("--format", choices=FORMATS, default="NETCDF3_64BIT_OFFSET")
+    h.add_argument("--format", choices=FORMATS, default="NETCDF3_64BIT_OFFSET",
+                   help="NetCDF file format")
     h.add_argument("-v", "--verbose", action="store_true", help="print each chunk written")
     h.set_defaults(fn=_shard)
-    a = sub.add_parser("audio", help="WAV files listed in a LIST.tsv → normalised features .nc")
-    _list_args(a, "path.wav")
-    a.add_argument("--features", choices=("fbank", "mfcc"),
-                   help="log-mel filterbank (default) or MFCC 13 + delta + delta-delta")
-    a.add_argument("--rate", type=int, help="feature sample rate in Hz; other rates are "
-                                            "resampled (default: the first file's rate)")
-    a.add_argument("--mels", type=int, help="mel bands (default 40)")
+    a = sub.add_parser("audio", help="audio files (WAV, FLAC, OGG) listed in a LIST.tsv → "
+                                     "normalised features .nc")
+    _list_args(a, "path to a .wav/.flac/.ogg file")
+    _feature_args(a)
     a.set_defaults(fn=_audio)
+    k = sub.add_parser("kaldi", help="a Kaldi data directory (wav.scp, text, segments, "
+                                     "utt2spk) → normalised features .nc",
+                       description="Read a Kaldi data directory: wav.scp (audio files; piped "
+                                   "commands are refused), text, and segments and utt2spk when "
+                                   "present. Features, statistics and alphabet as in 'audio'.")
+    k.add_argument("data_dir", metavar="DATA_DIR", help="folder with wav.scp and text")
+    _list_args(k, None)
+    _feature_args(k)
+    k.set_defaults(fn=_corpus)
+    lh = sub.add_parser("lhotse", help="a Lhotse cut set (.jsonl.gz) → normalised features .nc",
+                        description="Read a Lhotse cut set (needs the lhotse package): one "
+                                    "sequence per cut, its supervisions' text as the "
+                                    "transcript. Features, statistics and alphabet as in "
+                                    "'audio'.")
+    lh.add_argument("cuts", metavar="CUTS", help="cut set file (CutSet.to_file: .jsonl.gz)")
+    _list_args(lh, None)
+    _feature_args(lh)
+    lh.set_defaults(fn=_corpus)
     c = sub.add_parser("convert", help=".npy arrays (frames, features) listed in a LIST.tsv "
                                        "→ normalised .nc")
     _list_args(c, "path.npy")
@@ -186,23 +238,23 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--split", choices=("train", "test"), required=True,
                    help="train: takes 5-49; test: takes 0-4")
     f.add_argument("--takes", help="narrow the split's takes, e.g. 5-9")
-    f.add_argument("--count", type=int, default=1000)
+    f.add_argument("--count", type=positive_int, default=1000, help="strings to make")
     f.add_argument("--digits", default="3-7", help="digits per string, A-B")
-    f.add_argument("--seed", type=int, default=1)
+    f.add_argument("--seed", type=non_negative_int, default=1, help="random seed")
     f.add_argument("--out", required=True, help="output folder (wav/, list.tsv, sources.tsv)")
     f.set_defaults(fn=_fsdd_strings)
     y = sub.add_parser("yesno-lists", help="seeded train/val/test LIST.tsv files for YesNo")
     y.add_argument("--recordings", required=True, help="the waves_yesno/ folder")
     y.add_argument("--out", required=True, help="output folder (train.tsv, val.tsv, test.tsv)")
-    y.add_argument("--seed", type=int, default=1)
-    y.add_argument("--test", type=int, default=15, help="held-out recordings")
-    y.add_argument("--val", type=int, default=5, help="validation recordings (from the rest)")
+    y.add_argument("--seed", type=non_negative_int, default=1, help="random seed")
+    y.add_argument("--test", type=positive_int, default=15, help="held-out recordings")
+    y.add_argument("--val", type=positive_int, default=5, help="validation recordings (from the rest)")
     y.set_defaults(fn=_yesno_lists)
     n = sub.add_parser("ngram", help="a smoothed n-gram language model (ARPA) from text",
                        description="One sentence per line. Modified Kneser-Ney (default) or "
                        "Witten-Bell, interpolated, written in back-off (ARPA) form.")
     n.add_argument("text", help="text file, one sentence per line")
-    n.add_argument("--order", type=int, default=3)
+    n.add_argument("--order", type=positive_int, default=3, help="n-gram order")
     n.add_argument("--out", required=True, help="the ARPA file to write")
     n.add_argument("--smoothing", choices=("kn", "wb"), default="kn",
                    help="kn: modified Kneser-Ney (default); wb: Witten-Bell")
@@ -233,12 +285,13 @@ def build_parser() -> argparse.ArgumentParser:
                                          "test sets: the training set's)")
     m.add_argument("--alphabet", choices=("ascii",), help="with --chars: a fixed alphabet, "
                    "ascii = the space and the 94 printable ASCII characters in code order")
-    m.add_argument("--format", choices=FORMATS, default="NETCDF3_64BIT_OFFSET")
+    m.add_argument("--format", choices=FORMATS, default="NETCDF3_64BIT_OFFSET",
+                   help="NetCDF file format")
     m.set_defaults(fn=_images)
     rl = sub.add_parser("render-lines", help="render synthetic printed text lines "
                         "(matplotlib's fonts, Faker's text) + LIST.tsv")
     rl.add_argument("--out", required=True, help="output folder (img/, list.tsv)")
-    rl.add_argument("--count", type=int, default=1000)
+    rl.add_argument("--count", type=positive_int, default=1000, help="lines to render")
     rl.add_argument("--fonts", default="DejaVuSans,DejaVuSerif,DejaVuSansMono",
                     help="font file stems from matplotlib's fonts or .ttf paths, comma-separated")
     rl.add_argument("--sizes", default="18-28", help="font sizes in pixels, A-B")
@@ -247,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--noise", type=float, default=8.0, help="max noise std (grey levels)")
     rl.add_argument("--max-chars", type=int, default=40, help="longest line in characters")
     rl.add_argument("--text", help="take lines from this UTF-8 text file instead of Faker")
-    rl.add_argument("--seed", type=int, default=1)
+    rl.add_argument("--seed", type=non_negative_int, default=1, help="random seed")
     rl.set_defaults(fn=_render_lines)
     r = sub.add_parser("rnnlib-config", help="convert an RNNLIB config file to rnntrain TOML "
                        "(stdout; warnings on stderr)")
@@ -258,9 +311,4 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
-    try:
-        a.fn(a)
-    except UserError as e:
-        print(f"rnntrain-data {a.cmd}: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return run_main("rnntrain-data", a.cmd, a.fn, a)

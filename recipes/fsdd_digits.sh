@@ -16,6 +16,8 @@ shift || true
 REC="$DATA_ROOT/fsdd/recordings"
 OUT=data/fsdd
 [ -d "$REC" ] || { echo "fsdd_digits.sh: no FSDD recordings at $REC (pass the data root)" >&2; exit 2; }
+# the project's environment, set up on first use as run_train.sh does ($PYTHON: your own)
+[ -n "${PYTHON:-}" ] || source scripts/env.sh
 PY="${PYTHON:-python}"
 
 if [ ! -f "$OUT/test.nc" ]; then

@@ -13,6 +13,8 @@ shift || true
 REC="$DATA_ROOT/yesno/waves_yesno"
 OUT=data/yesno
 [ -d "$REC" ] || { echo "yesno.sh: no YesNo recordings at $REC (pass the data root)" >&2; exit 2; }
+# the project's environment, set up on first use as run_train.sh does ($PYTHON: your own)
+[ -n "${PYTHON:-}" ] || source scripts/env.sh
 PY="${PYTHON:-python}"
 
 if [ ! -f "$OUT/test.nc" ]; then

@@ -1,23 +1,23 @@
-"""``rnntrain`` command line: train, eval, decode, tune-decoder, runs, sweep, report.
+"""``rnntrain`` command line: train, eval, decode, tune-decoder, runs, sweep, report, init.
 
 User mistakes (UserError, a ValueError) print one line and exit 2, without a traceback.
 """
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import os
 import sys
 
+from rnntrain.cli_args import (Parser, non_negative_int, run_main, split_overrides,
+                               take_resume, version)
 from rnntrain.errors import UserError
 
 
-_STORAGE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
-
-
 def _cmd_train(args) -> int:
+    from rnntrain.cli_args import resolve_resume
     from rnntrain.config import load_config
+    args.resume, args.overrides = resolve_resume(args.resume, args.overrides)
     cfg = load_config(args.config, args.overrides)
     if args.trace:
         from rnntrain.run import trace
@@ -26,8 +26,8 @@ def _cmd_train(args) -> int:
     try:
         train(cfg, args.config, args.overrides, resume=args.resume)
     except BaseException as e:
-        from rnntrain.parallel import mpi as dist
-        dist.fail(e)  # under MPI: name this rank and abort the whole job (no hang)
+        from rnntrain.parallel import launch as dist
+        dist.fail(e)  # N ranks: name this rank and abort the whole job (no hang)
         raise
     return 0
 
@@ -86,8 +86,11 @@ def _cmd_eval(args) -> int:
     out = {k: c.summary() for k, c in counts.items()}
     if decoder is not None:
         out["beam"]["decoder"] = decoder.describe()
-    if args.json:
-        print(json.dumps(out if decoder is not None else out["best"]))
+    if args.json:  # one schema whether or not a beam search ran
+        # "best" and "beam" (null without a beam search) always; the best-path figures
+        # also at the top level, where scripts written before the beam search read them
+        print(json.dumps({**out["best"], "best": out["best"], "beam": out.get("beam"),
+                          "beam_width": decoder.beam if decoder is not None else 0}))
     else:
         for k, s in out.items():
             name = "best path" if k == "best" else decoder.describe()
@@ -150,40 +153,59 @@ def _cmd_report(args) -> int:
     return 0
 
 
+def _cmd_init(args) -> int:
+    from rnntrain.tools.examples import write_example
+    return write_example(args.name, args.out, args.force, args.list)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from rnntrain.decode.options import add_decoder_arguments
-    p = argparse.ArgumentParser(prog="rnntrain", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    t = sub.add_parser("train", help="train from a TOML config",
-                       description="Train from a TOML config. Overrides: section.key=value.")
-    t.add_argument("config")
-    t.add_argument("overrides", nargs="*", help="section.key=value (TOML values)")
-    t.add_argument("--resume", nargs="?", const="auto", default=None,
-                   help="continue from a checkpoint: a path, or 'auto' (newest in run.dir)")
+    p = Parser(prog="rnntrain", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"rnntrain {version()}")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    t = sub.add_parser(
+        "train", help="train from a TOML config (or the built-in defaults)",
+        description="Train from a TOML config; without one, from the built-in defaults "
+                    "(see README, Configuration). Overrides section.key=value (also "
+                    "--section.key=value or --section.key value) may stand anywhere, "
+                    "before or after the options.")
+    t.add_argument("config", nargs="?", help="TOML config file (default: none, the built-in "
+                   "defaults; `rnntrain init` writes an example to start from)")
+    t.add_argument("--resume", metavar="auto|if-any|PATH", help=(
+        "continue a run: 'auto' (also --resume alone: the newest usable checkpoint in "
+        "run.dir), 'if-any' (auto when run.dir holds a checkpoint, else a fresh run: for "
+        "requeued batch jobs), a checkpoint file or a run folder. --resume takes the next "
+        "word only when it is one of these (an existing file or folder); --resume=PATH "
+        "always does"))
     t.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace (JSON) of "
                    "every thread and rank for a window of steps")
     t.add_argument("--trace-steps", metavar="A:B", default="1:11",
                    help="global steps A <= step < B to trace (default 1:11)")
+    t.set_defaults(overrides=[])
     for name, hlp in (("eval", "score a checkpoint on a dataset"),
                       ("decode", "print tag and hypothesis per sequence")):
-        e = sub.add_parser(name, help=hlp)
-        e.add_argument("checkpoint")
+        e = sub.add_parser(name, help=hlp, description=hlp[0].upper() + hlp[1:] + ".")
+        e.add_argument("checkpoint", help="a .pt checkpoint written by rnntrain train")
         e.add_argument("data", help=".nc file or dataset manifest")
-        e.add_argument("--device", default="cpu")
-        e.add_argument("--batch-frames", type=int, default=0)
+        e.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+        e.add_argument("--batch-frames", type=non_negative_int, default=0,
+                       help="padded frames per batch (0 = the checkpoint's train.batch_frames)")
         add_decoder_arguments(e)
         if name == "eval":
-            e.add_argument("--json", action="store_true")
+            e.add_argument("--json", action="store_true", help="print one JSON object: "
+                           "\"best\" (best path; its figures also at the top level), "
+                           "\"beam\" (the beam search's, else null) and \"beam_width\"")
         else:
             e.add_argument("--out", help="write here instead of stdout")
     u = sub.add_parser("tune-decoder", help="search LM weight and word bonus on a "
                        "validation set", description="Runs the network once over DATA, then "
                        "decodes it for every LM weight x word bonus in the grid; prints the "
                        "table (WER with --space, else LER) and the best pair.")
-    u.add_argument("checkpoint")
+    u.add_argument("checkpoint", help="a .pt checkpoint written by rnntrain train")
     u.add_argument("data", help="validation .nc file or dataset manifest")
-    u.add_argument("--device", default="cpu")
-    u.add_argument("--batch-frames", type=int, default=0)
+    u.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    u.add_argument("--batch-frames", type=non_negative_int, default=0,
+                   help="padded frames per batch (0 = the checkpoint's train.batch_frames)")
     add_decoder_arguments(u)
     u.add_argument("--lm-weights", default="0,0.25,0.5,0.75,1,1.5,2",
                    help="comma-separated LM weights to try")
@@ -191,16 +213,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated word bonuses to try")
     u.add_argument("--json", action="store_true", help="print the table as JSON")
     r = sub.add_parser("runs", help="list run folders: status, epochs, best LER, speed")
-    r.add_argument("dir", nargs="?", default="runs", help="folder to search (default runs)")
-    r.add_argument("--json", action="store_true")
+    r.add_argument("dir", nargs="?", default="runs", help="folder to search")
+    r.add_argument("--json", action="store_true", help="print JSON instead of a table")
     w = sub.add_parser("sweep", help="train a grid of configurations and tabulate them",
                        description="Train every combination of key=v1,v2,... one after "
                                    "another and write results.md/results.csv.")
-    w.add_argument("config")
+    w.add_argument("config", help="TOML config every run starts from")
     w.add_argument("grid", nargs="+", help="section.key=v1,v2,... (one value: all runs)")
     w.add_argument("--out", help="sweep folder (default sweeps/<config>-<date-time>)")
     w.add_argument("--print", action="store_true", help="print the commands, run nothing")
-    w.add_argument("--launcher", default="", help="prefix for each run, e.g. 'mpiexec -n 4'")
+    w.add_argument("--launcher", default="", help="prefix for each run, e.g. 'mpiexec -n 4' "
+                   "(default: none)")
     w.add_argument("--show-output", action="store_true",
                    help="show each run's output instead of saving it in console.log")
     g = sub.add_parser("report", help="plots and a markdown summary of one or more runs")
@@ -208,34 +231,46 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out", help="output folder (default RUN/report, or ./report)")
     g.add_argument("--tensorboard", action="store_true",
                    help="also write TensorBoard event files (needs tensorboard)")
+    n = sub.add_parser("init", help="write an example config to start from",
+                       description="Write one of the example configs shipped with rnntrain "
+                                   "into the current folder (or --out) and say how to get "
+                                   "its data.")
+    n.add_argument("name", nargs="?", default="default",
+                   help="which example (--list shows them)")
+    n.add_argument("--out", help="file to write (default NAME.toml here)")
+    n.add_argument("--force", action="store_true", help="overwrite an existing file")
+    n.add_argument("--list", action="store_true", help="list the examples and exit")
     return p
 
 
+def _prepare(argv: list[str]) -> tuple[list[str], list[str], str | None]:
+    """Overrides and --resume are taken out before argparse sees the line, so they may stand
+    anywhere (argparse alone would read `--resume run.dir=x` as a path and `--trace t.json
+    run.dir=x` as a stray argument)."""
+    from rnntrain.config import section_names
+    i = next((k for k, a in enumerate(argv) if not a.startswith("-")), None)
+    if i is None or argv[i] != "train":
+        return argv, [], None
+    head, rest = argv[: i + 1], argv[i + 1:]
+    rest, overrides = split_overrides(rest, section_names())
+    rest, resume = take_resume(rest)
+    return head + rest, overrides, resume
+
+
+HANDLERS = {"train": _cmd_train, "eval": _cmd_eval, "decode": _cmd_decode,
+            "tune-decoder": _cmd_tune_decoder, "runs": _cmd_runs, "sweep": _cmd_sweep,
+            "report": _cmd_report, "init": _cmd_init}
+
+
 def main(argv=None) -> int:
-    args, extra = build_parser().parse_known_args(argv)
-    if args.cmd == "train":
-        # `--section.key=value` overrides look like options to argparse
-        bad = [a for a in extra if not (a.startswith("--") and "=" in a and "." in a)]
-        if bad:
-            build_parser().error(f"unrecognized arguments: {' '.join(bad)}")
-        args.overrides = list(args.overrides) + extra
-    elif extra:
-        build_parser().error(f"unrecognized arguments: {' '.join(extra)}")
-    handler = {"train": _cmd_train, "eval": _cmd_eval, "decode": _cmd_decode,
-               "tune-decoder": _cmd_tune_decoder,
-               "runs": _cmd_runs, "sweep": _cmd_sweep, "report": _cmd_report}[args.cmd]
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cmd = next((a for a in argv if not a.startswith("-")), "rnntrain")
     try:
-        return handler(args)
+        argv, overrides, resume = _prepare(argv)
     except UserError as e:
-        print(f"rnntrain {args.cmd}: error: {e}", file=sys.stderr)
+        print(f"rnntrain {cmd}: error: {e}", file=sys.stderr)
         return 2
-    except OSError as e:
-        if e.errno not in _STORAGE_ERRORS:
-            raise
-        # disk full, quota, file size limit, read-only: a condition of the machine, not a bug
-        print(f"rnntrain {args.cmd}: error: cannot write {e.filename or 'a file'} "
-              f"({e.strerror}); checkpoints written before are intact", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"rnntrain {args.cmd}: interrupted", file=sys.stderr)
-        return 130
+    args = build_parser().parse_args(argv)
+    if args.cmd == "train":
+        args.overrides, args.resume = overrides, resume
+    return run_main("rnntrain", args.cmd, HANDLERS[args.cmd], args)

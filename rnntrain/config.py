@@ -38,6 +38,8 @@ Schedule = Literal["constant", "cosine", "step"]
 Precision = Literal["fp32", "bf16", "fp16"]
 PlanStrategy = Literal["auto", "length", "sharded", "random"]
 ExchangeMode = Literal["allreduce", "master"]
+DistBackend = Literal["auto", "mpi", "torch"]
+Progress = Literal["auto", "bar", "lines"]
 Frontend = Literal["none", "conv"]
 ConvNorm = Literal["group", "none"]
 
@@ -112,6 +114,7 @@ class CheckpointConfig:
 
 @dataclass
 class DistConfig:
+    backend: DistBackend = "auto"  # from the launcher; "mpi"; "torch" (torchrun)
     mode: ExchangeMode = "allreduce"
     wire: Precision = "fp32"     # gradient wire format
     timeout_s: float = positive(120.0)  # a rank that does not arrive within this is reported dead
@@ -124,6 +127,13 @@ class RunConfig:
 
 
 @dataclass
+class LogConfig:
+    tensorboard: bool = False    # also write TensorBoard event files to <run.dir>/tensorboard
+    progress: Progress = "auto"  # "bar" (tqdm), "lines" (a plain line every train.log_every
+    #                              steps) or "auto": bar on a terminal, lines otherwise
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -132,6 +142,12 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+
+def section_names() -> set[str]:
+    """The TOML tables of a config (the CLI tells ``--section.key value`` from options)."""
+    return {f.name for f in fields(Config)}
 
 
 def choices(typ) -> tuple[str, ...] | None:

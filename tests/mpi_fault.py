@@ -1,6 +1,7 @@
-"""Run ``rnntrain train`` under mpiexec with a fault injected on one rank.
+"""Run ``rnntrain train`` under mpiexec or torchrun with a fault injected on one rank.
 
-Used by tests/test_mpi.py:  python tests/mpi_fault.py RANK KIND STEP CONFIG [overrides...]
+Used by tests/test_mpi.py and tests/test_torchdist.py:
+    python tests/mpi_fault.py RANK KIND STEP CONFIG [overrides...]
 KIND: "raise" (an exception in a worker), "kill" (SIGKILL itself), "stop" (SIGSTOP itself:
 stuck, still alive), "baddata" (this rank reads a missing data file: a UserError), "data=PATH" (this rank
 trains on another file).
@@ -16,7 +17,8 @@ from rnntrain.compute import tasks as step
 
 def main():
     target, kind, at, *argv = sys.argv[1:]
-    rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+    env = os.environ
+    rank = int(env.get("RANK", env.get("PMI_RANK", env.get("OMPI_COMM_WORLD_RANK", "0"))))
     if rank == int(target):
         if kind == "baddata":
             argv.append("data.train=/nonexistent/train.nc")

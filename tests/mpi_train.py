@@ -1,4 +1,5 @@
-"""Helper of tests/test_mpi.py, run alone or under ``mpiexec -n N``.
+"""Helper of tests/test_mpi.py and tests/test_torchdist.py, run alone or under
+``mpiexec -n N`` or ``torchrun --nproc_per_node N`` (the engine is picked as in training).
 
     python tests/mpi_train.py OUT CONFIG NAME=OVERRIDES... 
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rnntrain.parallel import mpi as dist
+from rnntrain.parallel import launch as dist
 from rnntrain.config import load_config
 from rnntrain.errors import UserError
 from rnntrain.parallel.exchange import Exchange

@@ -45,12 +45,12 @@ def tiny_config(synth_pair, tmp_path_factory):
     return p
 
 
-def launch(n, *args, timeout=120, mpi_args=()):
+def launch(n, *args, timeout=120, mpi_args=(), env=None):
     """Run ``python ARGS`` (n > 1: under mpiexec -n n); → (CompletedProcess, seconds)."""
     cmd = [sys.executable, *map(str, args)]
     if n > 1:
         cmd = [mpiexec(), *mpi_args, "-n", str(n), *cmd]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
     t0 = time.monotonic()
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
     return r, time.monotonic() - t0
@@ -192,6 +192,22 @@ def check_collective_schedule(out):
             start_up = sum(c.get(k, 0) for k in ("bcast_obj", "allgather", "check_same",
                                                  "barrier", "roster"))
             assert start_up <= 6, (name, r, c)  # a fixed few, not per step
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_two_ranks_over_the_network_path(tiny_config, tmp_path):
+    """Shared memory off (MPICH: every rank treated as on another node; UCX over TCP),
+    as ranks on different machines talk: still the serial run's weights."""
+    r, _ = launch(1, "tests/mpi_train.py", tmp_path, tiny_config, "serial=")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r, _ = launch(2, "tests/mpi_train.py", tmp_path, tiny_config, "ar=dist.mode=allreduce",
+                  "bfm=dist.mode=master,dist.wire=bf16",
+                  env={"MPIR_CVAR_NOLOCAL": "1", "UCX_TLS": "tcp,self"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    w = {n: dict(np.load(tmp_path / f"{n}.npz")) for n in ("serial", "ar", "bfm")}
+    assert rel_diff(w["serial"], w["ar"]) <= 1e-7
+    assert 0 < rel_diff(w["serial"], w["bfm"]) <= 5e-3
 
 
 def fault(n, tiny_config, tmp_path, rank, kind, step=3, extra=(), mpi_args=()):

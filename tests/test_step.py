@@ -1,7 +1,8 @@
 """The step as one unit (StepRunner), the typed training state, and where collectives live.
 
-- Only rnntrain/parallel/ issues collectives and only parallel/mpi.py imports mpi4py (an
-  AST scan of every module, with a positive control so the scan itself can fail).
+- Only rnntrain/parallel/ issues collectives, only parallel/mpi.py imports mpi4py and
+  only parallel/torchdist.py torch.distributed (an AST scan of every module, with a
+  positive control so the scan itself can fail).
 - TrainState: round trip, and the dicts of older checkpoints keep loading.
 - fp16 resume is exact: a run with dynamic loss scaling stopped, checkpointed and resumed
   ends with the same weights, scale and growth counter as the uninterrupted run (on CPU:
@@ -64,10 +65,11 @@ def test_only_the_parallel_layer_calls_collectives():
         if uses := collective_uses(p.read_text()):
             outside[rel] = uses
     assert not outside, f"collectives outside rnntrain/parallel/: {outside}"
-    # mpi4py only in the MPI layer itself
+    # mpi4py only in the MPI layer itself, torch.distributed only in its transport
+    owner = {"mpi.py": "import mpi4py", "torchdist.py": "import torch.distributed"}
     for p in (ROOT / "rnntrain" / "parallel").glob("*.py"):
-        if p.name != "mpi.py":
-            assert not [u for u in collective_uses(p.read_text()) if "import" in u], p
+        imports = [u for u in collective_uses(p.read_text()) if "import" in u]
+        assert all(u.endswith(owner.get(p.name, "-")) for u in imports), (p, imports)
     # positive controls: the scan sees the exchange's collectives and a stray one
     assert any("allreduce_" in u for u in collective_uses(
         (ROOT / "rnntrain/parallel/exchange.py").read_text()))

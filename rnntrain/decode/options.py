@@ -8,13 +8,14 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+from rnntrain.cli_args import non_negative_int, positive_int
 from rnntrain.errors import UserError
 
 
 def add_decoder_arguments(p, default_threads: int = 0) -> None:
     """The decoding options of ``eval``, ``decode``, ``tune-decoder`` (and any command that
     decodes): pass the parsed namespace to ``decoder_from_args``."""
-    p.add_argument("--beam", type=int, default=None,
+    p.add_argument("--beam", type=non_negative_int, default=None,
                    help="prefix beam search width (0 = best path; default 0, or 8 with "
                         "--lm/--lexicon)")
     p.add_argument("--lexicon", metavar="FILE", help="word list: hypotheses contain only "
@@ -26,7 +27,7 @@ def add_decoder_arguments(p, default_threads: int = 0) -> None:
     p.add_argument("--lm-weight", type=float, default=0.5, help="LM score weight (default 0.5)")
     p.add_argument("--word-bonus", type=float, default=0.0,
                    help="added per word (per label without --space); default 0")
-    p.add_argument("--threads", type=int, default=default_threads,
+    p.add_argument("--threads", type=positive_int, default=default_threads,
                    help="threads decoding sequences in parallel (default: the CPU count)")
 
 

@@ -9,7 +9,7 @@ SIGTERM on any rank) reaches every rank in the same step without a collective of
 - ``dist.mode = "master"``: Reduce to rank 0, rank 0 steps the optimizer (it computes too)
   and broadcasts the new weights.
 - ``dist.wire = "fp32"``: the buffer as it is (MPI's own SUM, ring/Rabenseifner for big
-  messages). ``"bf16"``/``"fp16"``: a compressed message [scale, non-finite flag, stats
+  messages; torch.distributed: ``all_reduce`` on the buffer's device, NCCL on a GPU). ``"bf16"``/``"fp16"``: a compressed message [scale, non-finite flag, stats
   (fp32) | gradient (16-bit)] reduced with a custom op that decodes both operands with their
   own scale, sums in fp32 and re-encodes with a fresh power-of-two scale (fp16's range is
   65504: without scaling large sums overflow and small gradients flush to zero). The flag
@@ -139,6 +139,18 @@ class Exchange:
         what = f"gradient exchange of step {step}"
         flat = self.flat
         stop_at = flat.numel + flat.STOP
+        if self.codec is None and getattr(self.comm, "tensor_collectives", False):
+            # torch.distributed: the message where it lives (NCCL on a GPU, without the
+            # host staging MPI needs; gloo on the CPU)
+            flat.msg[stop_at] = 1.0 if stop else 0.0
+            if self.mode == "allreduce":
+                self.comm.allreduce_t(flat.msg, what)
+            else:
+                self.comm.reduce_t(flat.msg, 0, what)
+            self.bytes_sent += flat.msg.numel() * flat.msg.element_size()
+            if self.updates:  # (one value; the collective's wait has synchronised already)
+                self._stop = bool(flat.msg[stop_at] > 0)
+            return
         if self._pinned is not None:
             self._pinned.copy_(flat.msg)
         self.host[stop_at] = 1.0 if stop else 0.0  # host side: no device write to wait for

@@ -376,7 +376,11 @@ def fail(exc: BaseException):
     """Called by the CLI when training raised: with more than one rank, print the error
     naming this rank and abort the WHOLE job (the other ranks would otherwise wait in the
     next collective forever). Returns normally when alone, so the caller re-raises."""
-    comm = _COMM
+    fail_job(_COMM, exc)
+
+
+def fail_job(comm: LocalComm | None, exc: BaseException):
+    """``fail`` for any engine's communicator (``comm.abort`` ends its job)."""
     if comm is None or comm.size == 1 or isinstance(exc, SystemExit):
         return
     if comm.rank != 0:

@@ -58,8 +58,7 @@ def load(path, need: tuple[str, ...] = ()) -> dict:
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, not a torch file, or holds code objects
-        raise UserError(f"{path}: not a readable checkpoint ({type(e).__name__}: "
-                        f"{(str(e).splitlines() or [type(e).__name__])[0][:200]})") from None
+        raise UserError(f"{path}: not a readable checkpoint ({load_error(e)})") from None
     if not isinstance(ck, dict) or "format" not in ck:
         raise UserError(f"{path}: not an rnntrain checkpoint")
     if ck["format"] != FORMAT_VERSION:
@@ -79,6 +78,21 @@ def load(path, need: tuple[str, ...] = ()) -> dict:
         raise UserError(f"{path}: not a complete rnntrain checkpoint (an entry has the "
                         "wrong type)")
     return ck
+
+
+def load_error(e: Exception) -> str:
+    """Why torch.load failed, in a few words. torch's own message for a file holding Python
+    objects advises ``weights_only=False``, i.e. running the file's code: never repeat that
+    to a user who may have been sent the file."""
+    text = str(e)
+    if "Weights only load failed" in text or "weights_only" in text:
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text) or \
+            re.search(r"Unsupported operand (\d+)", text)
+        what = f" ({found.group(1)})" if found else ""
+        return (f"it holds Python objects{what} besides tensors and plain values; refused, "
+                f"since loading them could run code")
+    first = text.splitlines()[0][:200] if text else ""
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
 _STEP = re.compile(r"step-(\d+)\.pt$")

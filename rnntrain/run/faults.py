@@ -79,7 +79,8 @@ def resume_hint(config_path, overrides, run_dir, launcher: str = "") -> str:
     the one this run was started with, see ``mpi.launcher_prefix``)."""
     keep = [o for o in overrides if not o.lstrip("-").startswith("run.dir=")]
     return " ".join([*([launcher] if launcher else []), "rnntrain train",
-                     str(config_path or "CONFIG"), *keep, f"run.dir={run_dir}", "--resume"])
+                     *([str(config_path)] if config_path else []), *keep,
+                     f"run.dir={run_dir}", "--resume"])
 
 
 class BadSteps:

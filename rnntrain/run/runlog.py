@@ -110,21 +110,19 @@ def _read_holder(fd: int) -> str:
         return "holder unknown: it is starting or did not record itself"
 
 
-def claim_run_folder(comm, run_dir: Path, resume: str | None) -> RunLock | None:
-    """Rank 0: lock ``run_dir`` for this run, refuse a fresh run over another run's
-    checkpoints, and (only now, under the lock) remove temp files that crashed writes
-    left. Every rank raises the same UserError when the folder cannot be claimed; rank 0
-    returns the held lock (release it when the run ends), the others None."""
+def claim_run_folder(comm, run_dir: Path) -> RunLock | None:
+    """Rank 0: lock ``run_dir`` for this run and (only now, under the lock) remove temp
+    files that crashed writes left. Every rank raises the same UserError when the folder
+    is in use or cannot be locked; rank 0 returns the held lock (release it when the run
+    ends), the others None."""
     from rnntrain.parallel import collectives
     from rnntrain.run import checkpoint as ckpt
     lock, why = None, None
     if comm.rank == 0:
         try:
             lock = RunLock(run_dir).acquire()
-            why = None if resume else ckpt.existing_run(run_dir)
-            if why is None:
-                ckpt.remove_stale_temps(Path(run_dir) / "checkpoints")
-                ckpt.remove_stale_temps(Path(run_dir), ("config.toml", "status.json"))
+            ckpt.remove_stale_temps(Path(run_dir) / "checkpoints")
+            ckpt.remove_stale_temps(Path(run_dir), ("config.toml", "status.json"))
         except UserError as e:
             why = str(e)
     why = collectives.from_root(comm, why)
@@ -136,11 +134,21 @@ def claim_run_folder(comm, run_dir: Path, resume: str | None) -> RunLock | None:
 
 
 class RunLog:
-    def __init__(self, folder: Path | None):
+    """``log``: the config's [log] section (None: defaults). With ``log.tensorboard`` every
+    metrics record also goes to TensorBoard event files in ``folder/tensorboard``."""
+
+    def __init__(self, folder: Path | None, log=None):
         self.folder = folder
-        self._metrics = self._log = None
+        self._metrics = self._log = self._tb = None
+        progress = getattr(log, "progress", "auto")
+        # a tqdm bar redraws its line every second: fine on a terminal, thousands of lines
+        # in a Slurm/nohup/CI log. There, a plain line every train.log_every steps instead.
+        self.bar = progress == "bar" or (progress == "auto" and _is_terminal(sys.stderr))
+        self._t_progress = None
         if folder is None:
             return
+        if getattr(log, "tensorboard", False):
+            self._tb = TensorBoardLog(folder / "tensorboard")
         try:
             (folder / "checkpoints").mkdir(parents=True, exist_ok=True)
             self._metrics = open(folder / "metrics.jsonl", "a", buffering=1)
@@ -161,8 +169,9 @@ class RunLog:
             except OSError as e:  # name the file, not its temp file (the CLI prints it)
                 raise OSError(e.errno, e.strerror, str(self.folder / name)) from None
 
-    def set_status(self, status: str, **fields):
-        """Write status.json: running | finished | stopped | failed, plus ``fields``."""
+    def set_status(self, status: str, resumed: bool = False, **fields):
+        """Write status.json: running | finished | stopped | failed, plus ``fields``.
+        ``started`` is the time the run first started: kept when it is resumed."""
         if not self.folder:
             return
         old = {}
@@ -171,8 +180,13 @@ class RunLog:
         except (OSError, ValueError):
             pass
         now = round(time.time(), 3)
-        rec = {"status": status, "started": old.get("started", now) if status != "running"
-               else now, "updated": now, "pid": os.getpid(), "host": socket.gethostname()}
+        keep = status != "running" or resumed
+        rec = {"status": status, "started": old.get("started", now) if keep else now,
+               "updated": now, "pid": os.getpid(), "host": socket.gethostname()}
+        if resumed:
+            rec["resumed"] = now
+        elif status != "running" and "resumed" in old:
+            rec["resumed"] = old["resumed"]
         rec.update(fields)
         self.write_text("status.json", json.dumps(rec) + "\n")
 
@@ -190,6 +204,20 @@ class RunLog:
         if self._metrics:
             record.setdefault("time", round(time.time(), 3))
             _write(self._metrics, json.dumps(record) + "\n")
+        if self._tb:
+            self._tb.add(record)
+
+    def progress(self, epoch: int, epochs: int, pos: int, steps: int, rec: dict):
+        """Without a bar: one plain line per metrics record (train.log_every steps)."""
+        if self.bar or self.folder is None:
+            return
+        now = time.monotonic()
+        last, self._t_progress = self._t_progress, (now, pos)
+        done = None if last is None else pos - last[1] if pos > last[1] else pos  # new epoch
+        rate = f", {done / max(now - last[0], 1e-9):.2f} step/s" if done else ""
+        print(f"epoch {epoch + 1}/{epochs} step {pos}/{steps}{rate}: loss {rec['loss']:.3f}, "
+              f"ler {rec['ler']:.3f}, {rec['frames_per_s']:.0f} frames/s", file=sys.stderr,
+              flush=True)
 
     def info(self, msg: str, echo: bool = True):
         if self._log:
@@ -202,6 +230,62 @@ class RunLog:
         for f in (self._metrics, self._log):
             if f:
                 _write(f, None)
+        if self._tb:
+            self._tb.close()
+            self._tb = None
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+class TensorBoardLog:
+    """The metrics.jsonl records as TensorBoard scalars, at their global ``step``.
+
+    Tags: ``<split>/<field>`` for every number (train/loss, val/ler, train/compute_s, ...),
+    ``<split>/<field>/<i>`` for per-worker lists (worker_compute_s) and
+    ``<split>/rank<r>/<field>`` for the per-rank time split under MPI. Flushed after each
+    record, so a running TensorBoard shows the run live.
+    """
+
+    def __init__(self, folder: Path):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise UserError("log.tensorboard = true needs the tensorboard package: "
+                            "pip install tensorboard (or rnntrain[tensorboard])") from None
+        self._cls, self.folder, self.writer = SummaryWriter, folder, None
+
+    def add(self, record: dict):
+        step = int(record.get("step", 0))
+        if self.writer is None:
+            # purge_step: after a resume, events the interrupted run wrote past this step
+            # are hidden, so the curves do not fold back on themselves
+            self.writer = self._cls(str(self.folder), purge_step=step)
+        split = record.get("split", "train")
+        wall = record.get("time")
+        for key, value in record.items():
+            if key in ("split", "epoch", "step", "time"):
+                continue
+            if isinstance(value, bool) or value is None:
+                continue
+            if isinstance(value, (int, float)):
+                self.writer.add_scalar(f"{split}/{key}", value, step, walltime=wall)
+            elif isinstance(value, list) and key == "ranks":
+                for r, split_r in enumerate(value):
+                    for k, v in split_r.items():
+                        self.writer.add_scalar(f"{split}/rank{r}/{k}", v, step, walltime=wall)
+            elif isinstance(value, list) and all(isinstance(v, (int, float)) for v in value):
+                for i, v in enumerate(value):
+                    self.writer.add_scalar(f"{split}/{key}/{i}", v, step, walltime=wall)
+        self.writer.flush()
+
+    def close(self):
+        if self.writer is not None:
+            self.writer.close()
 
 
 def _write(fh, text: str | None):

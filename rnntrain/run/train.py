@@ -28,7 +28,7 @@ from rnntrain.data.dataset import Dataset, check_compatible
 from rnntrain.data.plan import make_plan, padding_ratio, remainder_note, resumed_plan
 from rnntrain.errors import UserError
 from rnntrain.parallel import collectives
-from rnntrain.parallel import mpi as dist
+from rnntrain.parallel import launch as dist
 from rnntrain.run import checkpoint as ckpt
 from rnntrain.run import trace
 from rnntrain.run.evaluate import evaluate
@@ -37,6 +37,21 @@ from rnntrain.run.metrics import MetricsWindow
 from rnntrain.run.runlog import RunLog, claim_run_folder, default_run_dir
 from rnntrain.run.state import TrainState
 from rnntrain.run.step import EpochFeed, StepRunner
+
+
+def finished_note(state: TrainState, tc, config_path, overrides, run_dir) -> str | None:
+    """Why a resumed run has nothing left to do (and how to train it further), or None."""
+    hint = resume_hint(config_path, [o for o in overrides if not o.lstrip("-").startswith(
+        ("train.epochs=", "train.patience="))], run_dir)
+    if state.epoch >= tc.epochs:
+        return (f"run {run_dir} is finished: {state.epoch} of train.epochs={tc.epochs} "
+                f"epochs done; to train more, raise train.epochs: {hint} "
+                f"train.epochs={state.epoch + tc.epochs}")
+    if tc.patience and state.since_best >= tc.patience:
+        return (f"run {run_dir} is finished: stopped early after {state.since_best} "
+                f"validations without improvement (train.patience={tc.patience}); to train "
+                f"more, raise train.patience (0 = never stop early): {hint} train.patience=0")
+    return None
 
 
 def describe_skipped(ds: Dataset, keep: np.ndarray, what: str) -> str:
@@ -59,7 +74,7 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
 
 
 def _train(cfg: Config, config_path, overrides, resume, locks: list):
-    comm = dist.init(cfg.dist)
+    comm = dist.init(cfg.dist, cfg.train.device)
     trace.attach(lambda: collectives.wait_for_all(comm))  # aligns the ranks' clocks (--trace)
     tc, rank = cfg.train, comm.rank
     device = pick_device(tc.device, comm.local_rank)
@@ -79,9 +94,15 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
     resolved = to_toml(cfg)
     run_dir = Path(cfg.run.dir) if cfg.run.dir else default_run_dir(
         cfg.run.name or config_path, list(overrides), resolved)
-    # never two live runs in one folder; never overwrite (and prune) another run's checkpoints
-    locks += [lock for lock in [claim_run_folder(comm, run_dir, resume)] if lock]
-    log = RunLog(run_dir if rank == 0 else None)
+    # never two live runs in one folder (the lock); never overwrite (and prune) another
+    # run's checkpoints
+    locks += [lock for lock in [claim_run_folder(comm, run_dir)] if lock]
+    why = collectives.from_root(comm, ckpt.existing_run(run_dir) if rank == 0 else None)
+    if resume == "if-any":  # a requeued batch job: continue if there is something to continue
+        resume = "auto" if why else None
+    if not resume and why:
+        raise UserError(why)
+    log = RunLog(run_dir if rank == 0 else None, cfg.log)
     state = TrainState(world=comm.size)
     if rank == 0:  # an MPI abort ends this process without the finally below
         dist.on_abort(lambda msg: log.set_status("failed", epoch=state.epoch,
@@ -119,6 +140,9 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
                          f"step {state.step}")
         rerank_note = state.on_ranks(comm.size)
         state = runner.start(model, state)  # rank 0's weights/optimizer/state, checksummed
+        if resume and (done := finished_note(state, tc, config_path, overrides, run_dir)):
+            log.info(done)  # status.json stays finished, with the run's own start time
+            return run_dir
         if rerank_note:
             log.info(rerank_note)
         log.info(f"rnntrain: {count_params(model):,} parameters, {train_ds.num_seqs} train "
@@ -127,7 +151,7 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
                  f"{tc.intra_threads} thread(s) on {device}, run folder {run_dir}")
         every, last_ckpt = host_every(device, tc.log_every), time.monotonic()
         save = partial(save_checkpoint, log, cfg, model, opt, train_ds, runner)
-        log.set_status("running")
+        log.set_status("running", resumed=bool(resume))
         for epoch in range(state.epoch, tc.epochs):
             # an epoch interrupted on another rank count goes on over the sequences left
             plan = plan_for(epoch) if not state.parts else resumed_plan(
@@ -135,7 +159,8 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
                 state.parts, tc.round_lengths, tc.plan)
             feed = EpochFeed(train_ds, plan, epoch, state.pos, state.step)
             bar = tqdm(total=len(plan), initial=state.pos, desc=f"epoch {epoch + 1}/{tc.epochs}",
-                       unit="step", disable=rank != 0, dynamic_ncols=True, mininterval=1.0)
+                       unit="step", disable=rank != 0 or not log.bar, dynamic_ncols=True,
+                       mininterval=1.0)
             window = MetricsWindow(device)
             for fed in feed:  # ---- one optimizer step
                 last = fed.index == len(plan) - 1
@@ -148,7 +173,9 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
                 if state.step % every == 0 or last:
                     runner.check_bad(state.step, fed, log)
                 if log_now:  # a collective: every rank logs at the same steps
-                    log_window(log, bar, window.flush(runner.exch), epoch, state.step, opt)
+                    rec = window.flush(runner.exch)
+                    log_window(log, bar, rec, epoch, state.step, opt)
+                    log.progress(epoch, tc.epochs, fed.index + 1, len(plan), rec)
                 pause_point("step", state.step)
                 stopping = stop.agree(res.stop)  # the verdict came with the step's message
                 if stopping or checkpoint_due(cfg, state.step, last_ckpt):

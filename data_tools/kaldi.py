@@ -1,0 +1,195 @@
+"""Corpora people already have: a Kaldi data directory or a Lhotse cut set → utterance
+entries for ``audio.convert`` (same front end, statistics and alphabet handling as
+``rnntrain-data audio``).
+
+Kaldi data directory (https://kaldi-asr.org/doc/data_prep.html):
+
+- ``wav.scp``: ``<recording-id> <audio file>``; with no ``segments`` file the recording id
+  is the utterance id. Piped commands (``... |``) and archive offsets (``file.ark:123``)
+  are refused with the line named: the audio must be files (WAV, FLAC, OGG, ...).
+- ``segments`` (optional): ``<utterance-id> <recording-id> <start s> <end s>`` (end -1 =
+  the end of the recording).
+- ``text``: ``<utterance-id> <transcript tokens ...>``: the tokens (words, phones or
+  characters, whatever the corpus uses) are the label names; with ``--units chars`` each
+  character is a label and the space between words is ``|``.
+- ``utt2spk`` (optional): checked to cover every utterance; the speaker count is reported.
+
+Utterances are written in the order of ``text`` (Kaldi keeps its files sorted); an
+utterance with audio but no transcript is left out and counted.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+
+from rnntrain.errors import UserError
+
+from .audio import Entry
+
+WORD_SEPARATOR = "|"
+
+
+def _table(path: Path, min_fields: int, what: str) -> list[tuple[int, list[str]]]:
+    """(line number, fields) of a Kaldi table file; blank lines skipped."""
+    rows = []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    for n, raw in enumerate(text.splitlines(), 1):
+        fields = raw.split()
+        if not fields:
+            continue
+        if len(fields) < min_fields:
+            raise UserError(f"{path} line {n}: expected {what}, got {raw[:80]!r}")
+        rows.append((n, fields))
+    return rows
+
+
+def _unique(path: Path, rows) -> dict[str, tuple[int, list[str]]]:
+    out = {}
+    for n, f in rows:
+        if f[0] in out:
+            raise UserError(f"{path} line {n}: id {f[0]!r} already on line {out[f[0]][0]}")
+        out[f[0]] = (n, f)
+    return out
+
+
+def tokens(text: list[str], units: str) -> list[str]:
+    if units == "words":
+        return text
+    out: list[str] = []
+    for i, w in enumerate(text):
+        if i:
+            out.append(WORD_SEPARATOR)
+        out.extend(w)
+    return out
+
+
+def kaldi_entries(data_dir, units: str = "words") -> tuple[list[Entry], str]:
+    """(entries in ``text`` order, a one-line summary)."""
+    d = Path(data_dir)
+    if not d.is_dir():
+        raise UserError(f"{d}: not a folder (a Kaldi data directory holds wav.scp and text)")
+    for name in ("wav.scp", "text"):
+        if not (d / name).is_file():
+            raise UserError(f"{d}: no {name} (a Kaldi data directory holds wav.scp and text)")
+    wav = {}
+    for n, f in _unique(d / "wav.scp", _table(d / "wav.scp", 2, "'<id> <audio file>'")).values():
+        rest = " ".join(f[1:])
+        where = f"{d / 'wav.scp'} line {n}"
+        if rest.endswith("|") or rest.startswith("|"):
+            raise UserError(f"{where}: recording {f[0]!r} is a piped command ({rest[:60]!r}); "
+                            f"rnntrain-data reads audio files only: run the commands once to "
+                            f"write files (e.g. sox/ffmpeg/sph2pipe ... > FILE.wav) and list "
+                            f"those in wav.scp")
+        if len(f) > 2:
+            raise UserError(f"{where}: expected '<id> <audio file>', got {len(f) - 1} fields "
+                            f"after the id (a file name with spaces, or a command?)")
+        p = Path(f[1])
+        if ".ark:" in f[1] or (not p.exists() and f[1].rsplit(":", 1)[-1].isdigit()):
+            raise UserError(f"{where}: {f[1]!r} is a Kaldi archive offset; rnntrain-data reads "
+                            f"audio files only (wav-copy ... to write files first)")
+        if not p.is_absolute():
+            # Kaldi paths are relative to the recipe folder one runs from; a data folder
+            # moved on its own usually keeps them relative to itself
+            p = p if p.exists() or not (d / p).exists() else d / p
+        wav[f[0]] = (p, where)
+    segs = None
+    if (d / "segments").is_file():
+        segs = {}
+        for utt, (n, f) in _unique(d / "segments", _table(
+                d / "segments", 4, "'<utterance-id> <recording-id> <start> <end>'")).items():
+            where = f"{d / 'segments'} line {n}"
+            if f[1] not in wav:
+                raise UserError(f"{where}: recording {f[1]!r} is not in {d / 'wav.scp'}")
+            try:
+                start, end = float(f[2]), float(f[3])
+            except ValueError:
+                raise UserError(f"{where}: start and end must be seconds, got {f[2]!r} "
+                                f"{f[3]!r}") from None
+            if start < 0 or (end != -1 and end <= start):
+                raise UserError(f"{where}: segment {start}-{end} s is empty or negative")
+            segs[utt] = (f[1], start, None if end == -1 else end, where)
+    spk = None
+    if (d / "utt2spk").is_file():
+        spk = {u: f[1] for u, (n, f) in _unique(
+            d / "utt2spk", _table(d / "utt2spk", 2, "'<utterance-id> <speaker-id>'")).items()}
+    text = _unique(d / "text", _table(d / "text", 1, "'<utterance-id> [tokens ...]'"))
+    entries = []
+    for utt, (n, f) in text.items():
+        where = f"{d / 'text'} line {n}"
+        if segs is not None:
+            if utt not in segs:
+                raise UserError(f"{where}: utterance {utt!r} is not in {d / 'segments'}")
+            rec, start, end, seg_where = segs[utt]
+            path, _ = wav[rec]
+            where = f"{seg_where} (utterance {utt!r})"
+        else:
+            if utt not in wav:
+                raise UserError(f"{where}: utterance {utt!r} is not in {d / 'wav.scp'}")
+            (path, where), start, end = wav[utt], 0.0, None
+            where = f"{where} (utterance {utt!r})"
+        if spk is not None and utt not in spk:
+            raise UserError(f"{d / 'text'} line {n}: utterance {utt!r} is not in "
+                            f"{d / 'utt2spk'}")
+        entries.append(Entry(n, path, tokens(f[1:], units), tag=utt, where=where,
+                             start=start, end=end))
+    ids = set(segs) if segs is not None else set(wav)
+    untranscribed = len(ids - set(text))
+    summary = (f"{len(entries)} utterances" + (f" from {len(wav)} recordings" if segs else "")
+               + (f", {len(set(spk[e.tag] for e in entries))} speakers" if spk else "")
+               + (f"; {untranscribed} without a transcript in text left out"
+                  if untranscribed else ""))
+    return entries, summary
+
+
+# ---------------------------------------------------------------- Lhotse
+
+
+def lhotse_entries(cuts_path, units: str = "words") -> tuple[list[Entry], str]:
+    """A Lhotse cut set (``CutSet.to_file``: .jsonl, .jsonl.gz) → entries, one per cut; the
+    transcript is the text of the cut's supervisions, in order, split on whitespace."""
+    p = Path(cuts_path)
+    if not p.is_file():
+        raise UserError(f"{p}: cut set file not found")
+    try:
+        from lhotse import CutSet
+    except ImportError as e:  # not installed, or installed without one of its own imports
+        raise UserError(f"rnntrain-data lhotse needs the lhotse package: pip install "
+                        f"'rnntrain[lhotse]' ({e})") from None
+    try:
+        cuts = CutSet.from_file(p)
+        cut_list = list(cuts)
+    except Exception as e:  # lhotse raises many kinds for a malformed manifest
+        raise UserError(f"{p}: cannot read as a Lhotse cut set ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
+    entries = []
+    for i, cut in enumerate(cut_list, 1):
+        where = f"{p} cut {i} ({cut.id!r})"
+        if not getattr(cut, "has_recording", False):
+            raise UserError(f"{where}: has no recording (features-only cuts are not read: "
+                            f"rnntrain-data computes its own features)")
+        text = " ".join(s.text or "" for s in sorted(cut.supervisions, key=lambda s: s.start))
+        entries.append(Entry(i, p, tokens(text.split(), units), tag=cut.id, where=where,
+                             load=functools.partial(cut_signal, cut),
+                             rate=int(cut.sampling_rate)))
+    return entries, f"{len(entries)} cuts"
+
+
+def cut_signal(cut) -> tuple[int, np.ndarray]:
+    """(rate, mono float64 signal) of a Lhotse cut."""
+    try:
+        x = np.asarray(cut.load_audio(), dtype=np.float64)
+    except Exception as e:
+        raise UserError(f"cannot load the audio of cut {cut.id!r} ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
+    if x.ndim == 2:
+        x = x.mean(axis=0)  # (channels, samples) → mono
+    if x.size == 0:
+        raise UserError(f"cut {cut.id!r} has no samples")
+    if not np.isfinite(x).all():
+        raise UserError(f"cut {cut.id!r} contains NaN or Inf samples")
+    return int(cut.sampling_rate), x
