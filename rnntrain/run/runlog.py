@@ -110,27 +110,29 @@ def _read_holder(fd: int) -> str:
         return "holder unknown: it is starting or did not record itself"
 
 
-def claim_run_folder(comm, run_dir: Path) -> RunLock | None:
+def claim_run_folder(comm, run_dir: Path) -> tuple[RunLock | None, str | None]:
     """Rank 0: lock ``run_dir`` for this run and (only now, under the lock) remove temp
     files that crashed writes left. Every rank raises the same UserError when the folder
-    is in use or cannot be locked; rank 0 returns the held lock (release it when the run
-    ends), the others None."""
+    is in use or cannot be locked. Returns (the held lock on rank 0, None elsewhere:
+    release it when the run ends; why a fresh run must not start here, or None: the
+    folder holds another run's checkpoints), agreed in one start-up collective."""
     from rnntrain.parallel import collectives
     from rnntrain.run import checkpoint as ckpt
-    lock, why = None, None
+    lock, verdict = None, (None, None)
     if comm.rank == 0:
         try:
             lock = RunLock(run_dir).acquire()
             ckpt.remove_stale_temps(Path(run_dir) / "checkpoints")
             ckpt.remove_stale_temps(Path(run_dir), ("config.toml", "status.json"))
+            verdict = (None, ckpt.existing_run(run_dir))
         except UserError as e:
-            why = str(e)
-    why = collectives.from_root(comm, why)
-    if why:
+            verdict = (str(e), None)
+    error, existing = collectives.from_root(comm, verdict)
+    if error:
         if lock is not None:
             lock.release()
-        raise UserError(why)
-    return lock
+        raise UserError(error)
+    return lock, existing
 
 
 class RunLog:

@@ -96,8 +96,8 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
         cfg.run.name or config_path, list(overrides), resolved)
     # never two live runs in one folder (the lock); never overwrite (and prune) another
     # run's checkpoints
-    locks += [lock for lock in [claim_run_folder(comm, run_dir)] if lock]
-    why = collectives.from_root(comm, ckpt.existing_run(run_dir) if rank == 0 else None)
+    lock, why = claim_run_folder(comm, run_dir)
+    locks += [lock] if lock else []
     if resume == "if-any":  # a requeued batch job: continue if there is something to continue
         resume = "auto" if why else None
     if not resume and why:
