@@ -33,14 +33,15 @@ SECTIONS = [
     ("accuracy", "Time to accuracy", 1800),
     ("plain_loop", "rnntrain vs a plain PyTorch loop", 310),
     ("flops", "Useful-FLOP rate and memory", 130),
-    ("threads", "Thread scaling", 80),
+    ("threads", "Thread scaling", 60),
     ("ranks", "Rank scaling (MPI, torch.distributed)", 190),
     ("reader", "Reader throughput and data wait", 120),
     ("stragglers", "Stragglers and load balance", 15),
     ("gpu", "GPU", 15),
-    ("checkpoint", "Checkpoint", 40),
+    ("checkpoint", "Checkpoint", 20),
     ("decode", "Decoding and edit distance", 40),
     ("ocr", "Conv + BLSTM on 2-D data", 150),
+    ("infer", "Inference", 60),
 ]
 TOTAL_BUDGET_S = 49 * 60
 NOT_SECTIONS = {"__init__", "__main__", "workloads"}

@@ -8,7 +8,9 @@ Normalisation: per-feature mean and standard deviation are computed on the list 
 converted (the training list) and saved as JSON next to the output (or ``--save-stats``),
 together with the feature settings and the alphabet; ``--stats FILE`` applies saved
 statistics instead, so validation and test sets are normalised exactly like training and
-share its alphabet and feature settings.
+share its alphabet and feature settings. The feature settings and statistics are also
+written into the output as the global attribute ``rnntrain_frontend`` (``rnntrain.frontend``),
+which training copies into its checkpoints so that a model can transcribe raw recordings.
 
 Streaming: two passes over the list (lengths and statistics, then frames), one utterance in
 memory at a time; the output is written under a temporary name and renamed at the end.
@@ -16,7 +18,6 @@ memory at a time; the output is written under a temporary name and renamed at th
 from __future__ import annotations
 
 import json
-import math
 import os
 import warnings
 from dataclasses import dataclass
@@ -27,9 +28,10 @@ import numpy as np
 from rnntrain.errors import UserError
 from rnntrain.data import ncdata
 from rnntrain.data.ncdata import NcWriter
+from rnntrain.frontend import ATTR as FRONTEND_ATTR, FrontEnd, normalise
+from rnntrain.frontend import features as feat
+from rnntrain.frontend.audio import resample
 from rnntrain.fsutil import atomic_write
-
-from . import features as feat
 
 STATS_VERSION = 1
 
@@ -169,11 +171,7 @@ class AudioSource:
         self.size = cfg.size
 
     def resample(self, rate: int, x: np.ndarray) -> np.ndarray:
-        if rate != self.cfg.rate:
-            from scipy.signal import resample_poly
-            g = math.gcd(rate, self.cfg.rate)
-            x = resample_poly(x, self.cfg.rate // g, rate // g)
-        return x
+        return resample(x, rate, self.cfg.rate)  # the function inference uses too
 
     def signal(self, path) -> np.ndarray:
         return self.resample(*read_audio(path))
@@ -264,7 +262,14 @@ class Stats:
     source: dict          # feature settings (or "arrays") the statistics belong to
 
     def apply(self, x: np.ndarray) -> np.ndarray:
-        return ((x - self.mean) / self.std).astype(np.float32)
+        return normalise(x, self.mean, self.std)  # the function inference applies too
+
+    def frontend(self) -> FrontEnd:
+        """The record written into the .nc file (and from there into checkpoints)."""
+        src = dict(self.source)
+        kind = src.pop("source", "arrays")
+        fc = feat.FeatureConfig(**src) if kind == "audio" else None
+        return FrontEnd(kind, len(self.mean), self.mean, self.std, fc)
 
     def save(self, path):
         p = Path(path)
@@ -349,8 +354,10 @@ def convert(list_path, out, source, stats_path=None, save_stats=None, labels=Non
 
     # pass 2: normalised frames, one utterance at a time
     tags = [e.tag or e.path.name for e in entries]
+    # the front end travels with the data (a global attribute RNNLIB ignores): training
+    # copies it into the checkpoint, so the model can transcribe raw recordings later
     with NcWriter(out, labels, source.size, lengths, [" ".join(e.transcript) for e in entries],
-                  tags, fmt) as w:
+                  tags, fmt, attrs={FRONTEND_ATTR: stats.frontend().to_json()}) as w:
         for e, n in zip(tqdm(entries, desc="pass 2/2 (write)", **bar), lengths):
             try:
                 x = source.entry_features(e)

@@ -58,7 +58,7 @@ def make_strings(recordings, split: str, count: int, digits: tuple[int, int], se
     from scipy.io import wavfile
     from tqdm import tqdm
 
-    from .audio import read_wav
+    from rnntrain.frontend.audio import read_audio
     lo, hi = SPLIT_TAKES[split]
     takes = takes or (lo, hi)
     if not (lo <= takes[0] and takes[1] <= hi):
@@ -85,7 +85,7 @@ def make_strings(recordings, split: str, count: int, digits: tuple[int, int], se
         noise = 10 ** rng.uniform(-3.5, -2.5)  # background level, about -70 to -50 dBFS
         for p in picks:
             if p not in cache:  # float32: all 3,000 recordings fit in ~40 MB
-                r, x = read_wav(str(p))
+                r, x = read_audio(str(p))
                 cache[p] = r, x.astype(np.float32)
             r, x = cache[p]
             if rate is None:

@@ -224,7 +224,16 @@ class Inputs:
         self.handles = []
 
 
-def write_chunk(path: Path, inputs: Inputs, ids: np.ndarray, fmt: str) -> dict:
+def frontend_attrs(paths: list[str]) -> dict:
+    """The inputs' recorded front end, when they all share one (else none is kept: a
+    model trained on a mix could not say how to make its frames)."""
+    from rnntrain.frontend import ATTR
+    found = {ncdata.read_attrs(p).get(ATTR) for p in paths}
+    return {ATTR: found.pop()} if len(found) == 1 and None not in found else {}
+
+
+def write_chunk(path: Path, inputs: Inputs, ids: np.ndarray, fmt: str,
+                attrs: dict | None = None) -> dict:
     """One chunk file holding input sequences ``ids`` in order; its manifest entry."""
     c = inputs.c
     with ncdata.NcWriter(path, c.labels, c.input_size, c.lengths[ids],
@@ -233,7 +242,8 @@ def write_chunk(path: Path, inputs: Inputs, ids: np.ndarray, fmt: str) -> dict:
                          heights=None if c.heights is None else c.heights[ids],
                          attrs={**({"imageHeight": c.column_height} if c.column_height else {}),
                                 **({"rnntrain_images": c.image_frontend}
-                                   if c.image_frontend else {})}) as w:
+                                   if c.image_frontend else {}),
+                                **(attrs or {})}) as w:
         for i in ids:
             w.append(inputs.read(int(i)))
     return {"numSeqs": int(len(ids)), "numTimesteps": int(c.rows[ids].sum()),
@@ -269,6 +279,7 @@ def shard(paths: list[str], shards: int, out: str, chunk_frames: int | None = No
         outdir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"{outdir}: cannot create the output folder ({e.strerror or e})") from None
+    attrs = frontend_attrs(corpus.files)
     inputs = Inputs(corpus)
     entries, order = [], []
     try:
@@ -278,7 +289,7 @@ def shard(paths: list[str], shards: int, out: str, chunk_frames: int | None = No
             chunks = []
             for c, part in shard_chunks(ids, cuts):
                 name = f"shard-{s:03d}/chunk-{c:04d}.nc"
-                entry = write_chunk(outdir / name, inputs, part, fmt)
+                entry = write_chunk(outdir / name, inputs, part, fmt, attrs)
                 chunks.append({"file": name, **entry})
                 order.append(part)
                 if progress:

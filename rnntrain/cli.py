@@ -1,4 +1,5 @@
-"""``rnntrain`` command line: train, eval, decode, tune-decoder, runs, sweep, report, init.
+"""``rnntrain`` command line: train, eval, decode, tune-decoder, transcribe, export, runs,
+sweep, report, init.
 
 User mistakes (UserError, a ValueError) print one line and exit 2, without a traceback.
 """
@@ -32,7 +33,7 @@ def _cmd_train(args) -> int:
     return 0
 
 
-def _load_for_eval(checkpoint: str, data: str, device: str):
+def _load_for_eval(checkpoint: str, data: str, device: str, need_targets: bool = True):
     import torch
     from rnntrain.run import checkpoint as ckpt
     from rnntrain.config import config_from_dict
@@ -40,13 +41,21 @@ def _load_for_eval(checkpoint: str, data: str, device: str):
     from rnntrain.errors import DataError
     from rnntrain.compute.model import build_model
     from rnntrain.compute.device import pick_device
-    ck = ckpt.load(checkpoint, need=ckpt.MODEL_KEYS)
+    from rnntrain.infer.model import resolve
+    ck = ckpt.load(resolve(checkpoint), need=ckpt.MODEL_KEYS)  # a run folder: its best
     try:
         cfg = config_from_dict(ck["config"])
     except UserError as e:
         raise UserError(f"{checkpoint}: its config does not fit this rnntrain ({e})") from None
-    ds = Dataset.open(data, cfg.data.chunk_frames)
-    check_fits(ds, ck["labels"], ck["input_size"], "the checkpoint's")
+    ds = Dataset.open(data, cfg.data.chunk_frames, need_targets=False)
+    if need_targets and not ds.has_targets:
+        raise DataError(data, "missing variable: no targets to score against (rnntrain "
+                              "decode or transcribe need none)", var="targetStrings")
+    if ds.has_targets:
+        check_fits(ds, ck["labels"], ck["input_size"], "the checkpoint's")
+    elif ds.input_size != ck["input_size"]:  # a file to decode without targets: no alphabet
+        raise DataError(data, f"inputPattSize {ds.input_size} differs from the checkpoint's "
+                              f"({ck['input_size']})")
     height = ck.get("image_height", 0)
     if ds.is_2d:
         ds.set_pad_height(height or 1, f"checkpoint {checkpoint}")
@@ -60,6 +69,7 @@ def _load_for_eval(checkpoint: str, data: str, device: str):
     except (RuntimeError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"{checkpoint}: its weights do not fit its own [model] section "
                         f"({(str(e).splitlines() or [type(e).__name__])[0][:200]})") from None
+    model.labels = list(ck["labels"])  # the checkpoint's names (a file to decode may have none)
     model.to(dev)
     return cfg, ds, model, dev
 
@@ -67,8 +77,9 @@ def _load_for_eval(checkpoint: str, data: str, device: str):
 def _decoding(args, ds, model):
     """The decoder the options ask for (or None), the separator's index, thread count."""
     from rnntrain.decode.options import decode_threads, decoder_from_args, space_index
-    return (decoder_from_args(args, ds.labels, model.blank), space_index(args, ds.labels),
-            decode_threads(args))
+    # the checkpoint's alphabet: a file to decode may have none of its own
+    return (decoder_from_args(args, model.labels, model.blank),
+            space_index(args, model.labels), decode_threads(args))
 
 
 def _cmd_eval(args) -> int:
@@ -104,19 +115,20 @@ def _cmd_eval(args) -> int:
 def _cmd_decode(args) -> int:
     if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         raise UserError(f"--out {args.out}: its folder does not exist")  # before decoding
-    from rnntrain.compute.model import total_subsample
+    import numpy as np
     from rnntrain.run.evaluate import evaluate
-    cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device)
+    cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device,
+                                         need_targets=False)
     decoder, space, threads = _decoding(args, ds, model)
-    keep = ds.feasible(total_subsample(cfg.model))
+    labels = model.labels
+    # every sequence is decoded: a target (absent, or a placeholder) is not needed for that
+    keep = np.ones(ds.num_seqs, dtype=bool)
     hyps: dict[int, list[int]] = {}
     evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev,
              decoder=decoder, space=space, threads=threads,
-             on_hyp=lambda s, h: hyps.__setitem__(s, h))
-    lines = []
-    for i in range(ds.num_seqs):
-        hyp = " ".join(ds.labels[k] for k in hyps[i]) if i in hyps else "<skipped: too short>"
-        lines.append(f"{ds.tag(i)}\t{hyp}\n")
+             on_hyp=lambda s, h: hyps.__setitem__(s, h), score=False)
+    lines = [f"{ds.tag(i)}\t{' '.join(labels[k] for k in hyps[i])}\n"
+             for i in range(ds.num_seqs)]
     if not args.out:
         sys.stdout.writelines(lines)
         return 0
@@ -125,6 +137,53 @@ def _cmd_decode(args) -> int:
         atomic_write(args.out, "".join(lines))
     except OSError as e:
         raise UserError(f"cannot write {args.out} ({e.strerror})") from None
+    return 0
+
+
+def _cmd_transcribe(args) -> int:
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        raise UserError(f"--out {args.out}: its folder does not exist")
+    if args.beam < 0 or args.threads < 0:
+        raise UserError("--beam and --threads must be >= 0")
+    from rnntrain.infer.api import load
+    from rnntrain.infer.transcribe import expand, transcribe
+    expand(args.inputs)  # every input exists and is of a known kind, before the model loads
+    threads = args.threads or os.cpu_count() or 1
+    # ONNX Runtime: one intra-op thread per worker thread, as for torch
+    model = load(args.model, device=args.device, threads=1 if threads > 1 else 0)
+    if not args.out:
+        transcribe(model, args.inputs, args.beam, threads, args.json, sys.stdout)
+        return 0
+    tmp = f"{args.out}.tmp{os.getpid()}"  # no partial file under the name if interrupted
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            n = transcribe(model, args.inputs, args.beam, threads, args.json, fh)
+        os.replace(tmp, args.out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    print(f"wrote {n} lines to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _cmd_export(args) -> int:
+    from rnntrain.infer.export import FORMATS, TOLERANCE, training_frames
+    if args.format not in FORMATS:
+        raise UserError(f"--format {args.format!r}: choose one of {', '.join(FORMATS)}")
+    from rnntrain.infer.api import load
+    from rnntrain.infer.transcribe import expand
+    model = load(args.model)
+    if args.check:  # real utterances to check the export on
+        frames = [model.frames(s.path) for s in expand(args.check)[:8] if s.kind == "file"]
+        where = f"{len(frames)} of the --check inputs"
+    else:  # else the model's own data, else random frames
+        frames, where = training_frames(model)
+        where = where or "random frames (the training data is not here; give --check)"
+    path = model.export(args.out, args.format, frames)
+    fe = model.frontend.describe() if model.frontend is not None else "no front end"
+    print(f"wrote {path}: {args.format}, {len(model.labels)} labels, {model.input_size} "
+          f"inputs, stacking {model.subsample}; {fe}; log-probs checked against the model "
+          f"on {where} (max difference <= {TOLERANCE:g})")
     return 0
 
 
@@ -185,8 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name, hlp in (("eval", "score a checkpoint on a dataset"),
                       ("decode", "print tag and hypothesis per sequence")):
         e = sub.add_parser(name, help=hlp, description=hlp[0].upper() + hlp[1:] + ".")
-        e.add_argument("checkpoint", help="a .pt checkpoint written by rnntrain train")
-        e.add_argument("data", help=".nc file or dataset manifest")
+        e.add_argument("checkpoint", help="a .pt checkpoint written by rnntrain train, or "
+                                          "its run folder (its best.pt)")
+        e.add_argument("data", help=".nc file or dataset manifest" +
+                       (" (targets optional)" if name == "decode" else ""))
         e.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
         e.add_argument("--batch-frames", type=non_negative_int, default=0,
                        help="padded frames per batch (0 = the checkpoint's train.batch_frames)")
@@ -212,6 +273,28 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--word-bonuses", default="-1,0,1,2",
                    help="comma-separated word bonuses to try")
     u.add_argument("--json", action="store_true", help="print the table as JSON")
+    tr = sub.add_parser("transcribe", help="transcribe audio, feature arrays or NetCDF files",
+                        description="One line per utterance: input, hypothesis, and the time "
+                                    "(s) of each label's CTC peak (TSV), or JSON lines.")
+    tr.add_argument("model", help="checkpoint, run folder (its best.pt) or exported model")
+    tr.add_argument("inputs", nargs="+", metavar="INPUT",
+                    help="audio files (WAV, FLAC, ...), .npy arrays, .nc files, folders, or "
+                         "list files (one path per line)")
+    tr.add_argument("--beam", type=int, default=0, help="prefix beam search width (0 = best "
+                                                        "path)")
+    tr.add_argument("--json", action="store_true", help="JSON lines instead of TSV")
+    tr.add_argument("--out", help="write here instead of stdout")
+    tr.add_argument("--threads", type=int, default=0,
+                    help="utterances in parallel (default: the cores)")
+    tr.add_argument("--device", default="cpu", help="checkpoints: cpu, cuda, cuda:N")
+    x = sub.add_parser("export", help="export a model as TorchScript or ONNX",
+                       description="Write the model (fp32, variable batch and length, labels "
+                                   "and front end as metadata), checked against the model.")
+    x.add_argument("model", help="checkpoint or run folder")
+    x.add_argument("--format", required=True, help="torchscript or onnx")
+    x.add_argument("--out", required=True, help="output file (.pt/.ts or .onnx)")
+    x.add_argument("--check", nargs="*", metavar="INPUT", default=None,
+                   help="audio or .npy files to check the export on (default: random frames)")
     r = sub.add_parser("runs", help="list run folders: status, epochs, best LER, speed")
     r.add_argument("dir", nargs="?", default="runs", help="folder to search")
     r.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -258,7 +341,8 @@ def _prepare(argv: list[str]) -> tuple[list[str], list[str], str | None]:
 
 
 HANDLERS = {"train": _cmd_train, "eval": _cmd_eval, "decode": _cmd_decode,
-            "tune-decoder": _cmd_tune_decoder, "runs": _cmd_runs, "sweep": _cmd_sweep,
+            "tune-decoder": _cmd_tune_decoder, "transcribe": _cmd_transcribe,
+            "export": _cmd_export, "runs": _cmd_runs, "sweep": _cmd_sweep,
             "report": _cmd_report, "init": _cmd_init}
 
 

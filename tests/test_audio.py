@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 from scipy.io import wavfile
 
-from data_tools import features as feat
-from data_tools.audio import ArraySource, AudioSource, convert, read_wav
+from rnntrain.frontend import features as feat
+from data_tools.audio import ArraySource, AudioSource, convert
+from rnntrain.frontend.audio import read_audio as read_wav
 from rnntrain.data.dataset import Dataset
 from rnntrain.data.ncdata import read_file
 from rnntrain.data.reader import ChunkReader

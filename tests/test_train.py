@@ -69,11 +69,12 @@ def test_overfits_a_handful_to_ler_zero(tmp_path):
     assert out["ler"] == 0.0 and out["seqs"] == 8 and out["skipped"] == 1
     r = run_cli("rnntrain", "decode", run / "checkpoints" / "best.pt", data, "--beam", "4")
     assert r.returncode == 0, r.stderr
-    lines = dict(l.split("\t") for l in r.stdout.strip().splitlines())
+    lines = dict(l.split("\t") for l in r.stdout.splitlines())
     h = ncdata.read_header(data)
     for i, tag in enumerate(h.tags[:8]):
         assert lines[tag] == " ".join(h.labels[k] for k in h.targets[i])
-    assert lines["short_one"].startswith("<skipped")
+    # decoding needs no target: the sequence too short for its own is decoded too
+    assert "short_one" in lines and not lines["short_one"].startswith("<")
 
 
 def _final_weights(tmp_path, run, **over):

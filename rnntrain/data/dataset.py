@@ -65,6 +65,8 @@ class Dataset:
     pad_height: int = 0          # 2-D: serve images padded to this height (0: the tallest)
     image_frontend: str = ""     # how images were converted (JSON; for inference)
     _headers: dict = field(default_factory=dict, repr=False)
+    has_targets: bool = True     # False: opened for decoding a file without targetStrings
+    frontend: dict | None = None  # the converters' front end (rnntrain.frontend), if recorded
 
     @property
     def is_2d(self) -> bool:
@@ -179,7 +181,9 @@ class Dataset:
             raise DataError(self.source, "holds no sequences (numSeqs = 0)", var="numSeqs")
 
     @staticmethod
-    def open(path: str, chunk_frames: int = 2_000_000) -> "Dataset":
+    def open(path: str, chunk_frames: int = 2_000_000, need_targets: bool = True) -> "Dataset":
+        """A .nc file, a sharded dataset's folder or its manifest.json. need_targets=False
+        accepts a .nc file without targetStrings (decoding)."""
         p = Path(path)
         if p.is_dir():
             if not (p / "manifest.json").is_file():
@@ -189,9 +193,11 @@ class Dataset:
         if p.suffix == ".json":
             check_regular_file(p, "manifest")
             ds = from_manifest(p)
+            if ds.chunks:  # the shard tool copies its inputs' front end into every chunk
+                ds.frontend = read_frontend(ds.chunks[0].path)
         else:
             check_regular_file(p, "data file")  # a FIFO would block the read
-            ds = from_nc(str(p), chunk_frames)
+            ds = from_nc(str(p), chunk_frames, need_targets)
         ds.require_sequences()
         return ds
 
@@ -211,12 +217,22 @@ def virtual_chunks(path: str, lengths: np.ndarray, chunk_frames: int, first_id: 
     return chunks
 
 
-def from_nc(path: str, chunk_frames: int) -> Dataset:
-    h = ncdata.read_header(path)
+def from_nc(path: str, chunk_frames: int, need_targets: bool = True) -> Dataset:
+    h = ncdata.read_header(path, need_targets)
     chunks = virtual_chunks(path, h.rows, chunk_frames)
     return Dataset(path, h.labels, h.input_size, h.lengths, h.targets, h.tags, chunks,
                    [list(range(len(chunks)))], heights=h.heights,
-                   column_height=h.column_height, image_frontend=h.image_frontend)
+                   column_height=h.column_height, image_frontend=h.image_frontend,
+                   has_targets=h.has_targets, frontend=read_frontend(path))
+
+
+def read_frontend(path: str) -> dict | None:
+    """The front end recorded by the audio converters (a checked plain dict), or None."""
+    from rnntrain.frontend import ATTR, FrontEnd
+    text = ncdata.read_attrs(path).get(ATTR)
+    if text is None:
+        return None
+    return FrontEnd.from_json(str(text), f"{path}, attribute '{ATTR}'").to_dict()
 
 
 def check_fits(ds: Dataset, labels: list[str], input_size: int, what: str):
@@ -234,6 +250,10 @@ def check_compatible(a: Dataset, b: Dataset, what: str):
     """Validation/test data ``b`` must share the alphabet, input size and image layout of
     ``a``; 2-D images are served at ``a``'s height."""
     check_fits(b, a.labels, a.input_size, f"{what} {a.source}")
+    if a.frontend is not None and b.frontend is not None and a.frontend != b.frontend:
+        raise DataError(b.source, f"features or normalisation statistics differ from {what} "
+                                  f"{a.source} (attribute 'rnntrain_frontend'; convert it with "
+                                  f"--stats of the training set)")
     if a.is_2d != b.is_2d or a.column_height != b.column_height:
         raise DataError(b.source, f"image layout differs from {what} {a.source} (2-D: "
                                   f"{b.is_2d} vs {a.is_2d}; imageHeight {b.column_height} vs "

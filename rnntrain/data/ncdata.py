@@ -59,7 +59,8 @@ class NcHeader:
     lengths: (N,) int64 frames per sequence (2-D: the image widths, the time axis);
     heights: (N,) image heights of a 2-D file, None for 1-D; offsets: (N+1,) first row
     of each sequence (a 2-D sequence has height × width rows); targets: N int32 arrays
-    of label indices; tags: N names; column_height: a 1-D file's imageHeight attribute.
+    of label indices (empty when the file has no targetStrings and they were
+    not required: has_targets False); tags: N names; column_height: a 1-D file's imageHeight attribute.
     """
     path: str
     input_size: int
@@ -70,6 +71,7 @@ class NcHeader:
     heights: np.ndarray | None = None
     column_height: int = 0
     image_frontend: str = ""     # the rnntrain_images attribute (JSON) of converted images
+    has_targets: bool = True
     offsets: np.ndarray = field(init=False)
 
     def __post_init__(self):
@@ -165,8 +167,12 @@ def _strings(ds, name: str, path: str, required: bool) -> list[str] | None:
     return out
 
 
-def read_header(path) -> NcHeader:
-    """Read and validate everything but the inputs. Raises DataError naming file/var/seq."""
+def read_header(path, need_targets: bool = True) -> NcHeader:
+    """Read and validate everything but the inputs. Raises DataError naming file/var/seq.
+
+    need_targets=False: a file without ``targetStrings`` (data to transcribe) is accepted,
+    with empty targets and ``has_targets`` False (and without ``labels``: an empty list).
+    """
     path = str(path)
     with NC_LOCK, _open(path) as ds:
         check_complete(path)
@@ -244,11 +250,15 @@ def read_header(path) -> NcHeader:
         lengths = lengths.astype(np.int64)
         if len(lengths) != n:
             raise DataError(path, f"has {len(lengths)} entries but numSeqs = {n}", var=lv)
-        labels = _strings(ds, "labels", path, required=True)
-        targ = _strings(ds, "targetStrings", path, required=True)
+        labels = _strings(ds, "labels", path, required=need_targets)
+        targ = _strings(ds, "targetStrings", path, required=need_targets)
+        has_targets = targ is not None
+        targ = targ if has_targets else [""] * n
         tags = _strings(ds, "seqTags", path, required=False) or [""] * n
         total = inp.shape[0]
-    if not labels:
+    if labels is None:  # data to transcribe: no alphabet, no targets
+        labels = []
+    elif not labels:
         raise DataError(path, "the alphabet is empty (numLabels = 0)", var="labels")
     if len(set(labels)) != len(labels) or any(not lb or lb.split() != [lb] for lb in labels):
         dup = [lb for lb in labels if labels.count(lb) > 1 or not lb or lb.split() != [lb]]
@@ -278,7 +288,13 @@ def read_header(path) -> NcHeader:
                                   f"{' ...' if len(labels) > 20 else ''})",
                             var="targetStrings", seq=i, tag=tags[i]) from None
     return NcHeader(path, f, labels, lengths, targets, tags, heights, column_height,
-                    image_frontend)
+                    image_frontend, has_targets)
+
+
+def read_attrs(path) -> dict:
+    """The file's global attributes ({} when it has none)."""
+    with NC_LOCK, _open(path) as ds:
+        return {k: ds.getncattr(k) for k in ds.ncattrs()}
 
 
 def read_rows(path, start: int, stop: int) -> np.ndarray:

@@ -129,7 +129,9 @@ def save_training(folder: Path | None, name: str, cfg, model, opt, state: dict, 
                  "labels": list(ds.labels), "input_size": ds.input_size,
                  "image_height": ds.frame_height if ds.is_2d or ds.column_height else 0,
                  # the image converter's settings (rnntrain-data images), for inference
-                 "image_frontend": getattr(ds, "image_frontend", "")},
+                 "image_frontend": getattr(ds, "image_frontend", ""),
+                 # raw input → frames, when the audio converters recorded it
+                 "frontend": getattr(ds, "frontend", None)},
                 Path(folder) / name)
     if name.startswith("step-"):
         prune(folder, keep_last)

@@ -23,8 +23,8 @@ from rnntrain.parallel.collectives import sum_over_ranks
 def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.device, comm=None,
              beam: int = 0, on_hyp: Callable[[int, list[int]], None] | None = None,
              decoder=None, space: int | None = None, threads: int = 1,
-             on_log_probs: Callable[[list[int], np.ndarray, np.ndarray], None] | None = None
-             ) -> dict[str, ErrorCounts]:
+             on_log_probs: Callable[[list[int], np.ndarray, np.ndarray], None] | None = None,
+             score: bool = True) -> dict[str, ErrorCounts]:
     """Score ``ds`` (only sequences with keep[i]); returns {"best": counts[, "beam": counts]}.
 
     "beam" is the ``decoder``'s (a ``decode.beam.Decoder``: beam search, lexicon, LM), or a
@@ -32,7 +32,8 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
     word error rates. Infeasible sequences (keep False) are counted as skipped.
     on_hyp(seq id, labels) is called with each hypothesis (the decoder's if there is one),
     in plan order; on_log_probs(seq ids, log_probs (T, N, C), lengths (N,)) with each
-    batch's network output (``tune-decoder`` keeps them to decode again).
+    batch's network output (``tune-decoder`` keeps them to decode again). score=False
+    (decoding: targets absent or not needed) skips the CTC loss.
     """
     rank, world = (comm.rank, comm.size) if comm is not None else (0, 1)
     was_training = model.training
@@ -59,7 +60,7 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
                 x, lengths = collate([payload[s] for s in seqs])
                 lp, out_len = model(x.to(device), lengths)
                 targets = [ds.targets[s] for s in seqs]
-                loss = float(ctc_loss_sum(lp, out_len, targets, model.blank))
+                loss = float(ctc_loss_sum(lp, out_len, targets, model.blank)) if score else 0.0
                 lp = lp.float().cpu().numpy()
                 c = counts["best"]
                 c.loss_sum += loss

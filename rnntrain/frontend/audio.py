@@ -1,0 +1,54 @@
+"""Reading recordings: WAV, FLAC, OGG (anything libsndfile reads) → mono float64 at a rate.
+
+One function for the converters (``rnntrain-data audio``) and for inference
+(``rnntrain transcribe``), so a model sees the same samples in both: soundfile (libsndfile)
+decodes, several channels are averaged to mono, another sample rate is resampled with
+``scipy.signal.resample_poly`` (a polyphase filter with the exact rational ratio).
+
+Shapes: signal (S,) float64 in [-1, 1].
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from rnntrain.errors import UserError
+
+
+def read_audio(path) -> tuple[int, np.ndarray]:
+    """→ (sample rate, mono float64 signal). Raises UserError naming the file."""
+    import soundfile as sf  # imported here: `rnntrain --help` does not load libsndfile
+    path = str(path)
+    if not os.path.isfile(path):
+        raise UserError(f"{path}: file not found")
+    kind = os.path.splitext(path)[1].lstrip(".").upper() or "audio"
+    try:
+        x, rate = sf.read(path, dtype="float64", always_2d=True)
+    except (RuntimeError, OSError, ValueError, EOFError, TypeError) as e:
+        # sf.LibsndfileError is a RuntimeError: "Format not recognised", truncated data...
+        why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise UserError(f"{path}: cannot read as {kind} ({why})") from None
+    if x.shape[0] == 0:
+        raise UserError(f"{path}: {kind} file has no samples")
+    # several channels → mono, as the converters have always done (the model is mono)
+    x = x.mean(axis=1) if x.shape[1] > 1 else x[:, 0]
+    if not np.isfinite(x).all():
+        raise UserError(f"{path}: {kind} file contains NaN or Inf samples")
+    return int(rate), x
+
+
+def resample(x: np.ndarray, rate: int, target: int) -> np.ndarray:
+    """(S,) at ``rate`` → (≈ S * target / rate,) at ``target``; unchanged when equal."""
+    if rate == target:
+        return x
+    from scipy.signal import resample_poly
+    g = math.gcd(rate, target)
+    return resample_poly(x, target // g, rate // g)
+
+
+def load_signal(path, rate: int) -> np.ndarray:
+    """Read ``path`` and bring it to ``rate`` Hz: (S,) float64."""
+    r, x = read_audio(path)
+    return resample(x, r, rate)

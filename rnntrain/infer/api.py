@@ -1,0 +1,271 @@
+"""``Model``: a loaded model's Python interface (``rnntrain.load(path)`` returns one).
+
+    m = rnntrain.load("runs/fsdd_digits")        # run folder, checkpoint or export
+    m.labels                                      # ['0', '1', ..., '9']
+    t = m.transcribe("a.wav")                     # or a .npy path, a signal, features
+    t.text, t.labels, t.times                     # "3 1 4", [...], [0.36, 0.92, 1.4]
+    lp = m.log_probs(frames)                      # (T', C) from model-ready frames (T, F)
+
+What counts as input: an audio file (WAV, FLAC, ... at any sample rate, channels averaged)
+or a 1-D signal (at ``rate``, default the front end's) goes through the recorded front
+end; a ``.npy`` file or 2-D array holds features as the converter received or computed
+them, before normalisation, and is normalised with the training statistics; ``log_probs``
+takes frames exactly as the NetCDF file holds them (already normalised).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from rnntrain.errors import UserError
+
+AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aif", ".aiff", ".au",
+                  ".caf", ".w64", ".rf64"}
+
+
+@dataclass
+class Transcript:
+    """One hypothesis: label names with the model frame of each label's CTC peak."""
+    labels: list[str]
+    peaks: list[int]                # model output frame (after stacking) of each label
+    frames: int                     # model output frames of the input
+    frame_seconds: float | None     # seconds per model output frame; None: not known
+
+    @property
+    def text(self) -> str:
+        return " ".join(self.labels)
+
+    @property
+    def times(self) -> list[float] | None:
+        """Seconds of each label's peak (frame × hop × stacking), or None without a front end."""
+        if self.frame_seconds is None:
+            return None
+        return [round(p * self.frame_seconds, 6) for p in self.peaks]
+
+    def to_dict(self) -> dict:
+        d = {"text": self.text, "labels": self.labels, "peak_frames": self.peaks,
+             "frames": self.frames}
+        if self.frame_seconds is not None:
+            d["times"] = self.times
+            d["duration_s"] = round(self.frames * self.frame_seconds, 6)
+        return d
+
+
+def greedy_peaks(lp: np.ndarray, blank: int) -> tuple[list[int], list[int]]:
+    """Best path of (T, C) log-probs → (labels, peak frame of each).
+
+    Each emitted label is a run of frames whose argmax is that label; its peak is the
+    frame of the run where the label is most probable.
+    """
+    path = np.argmax(lp, axis=1)
+    labels, peaks = [], []
+    t, n = 0, len(path)
+    while t < n:
+        c = int(path[t])
+        e = t + 1
+        while e < n and path[e] == c:
+            e += 1
+        if c != blank:
+            labels.append(c)
+            peaks.append(t + int(np.argmax(lp[t:e, c])))
+        t = e
+    return labels, peaks
+
+
+def aligned_peaks(lp: np.ndarray, hyp: list[int], blank: int) -> list[int]:
+    """Peak frame of each label of ``hyp`` on its Viterbi CTC alignment with (T, C) lp."""
+    T, S = len(lp), len(hyp)
+    if S == 0:
+        return []
+    ext = np.full(2 * S + 1, blank)
+    ext[1::2] = hyp
+    n = len(ext)
+    # a label state may be entered from two states back unless it repeats the label there
+    skip = np.zeros(n, bool)
+    skip[3::2] = np.asarray(hyp[1:]) != np.asarray(hyp[:-1])
+    delta = np.full(n, -np.inf)
+    delta[:2] = lp[0, ext[:2]]
+    back = np.zeros((T, n), np.int8)
+    for t in range(1, T):
+        stay = delta
+        one = np.concatenate([[-np.inf], delta[:-1]])
+        two = np.where(skip, np.concatenate([[-np.inf, -np.inf], delta[:-2]]), -np.inf)
+        cand = np.stack([stay, one, two])
+        back[t] = np.argmax(cand, axis=0)
+        delta = cand[back[t], np.arange(n)] + lp[t, ext]
+    s = n - 1 if delta[n - 1] >= delta[n - 2] else n - 2
+    best = np.full(S, -np.inf)
+    peaks = [0] * S
+    for t in range(T - 1, -1, -1):
+        if s % 2 == 1:
+            j = s // 2
+            if lp[t, hyp[j]] >= best[j]:
+                best[j], peaks[j] = lp[t, hyp[j]], t
+        s -= int(back[t, s])
+    return peaks
+
+
+def load(path, device: str = "cpu", threads: int = 0) -> "Model":
+    """A checkpoint, run folder (its best checkpoint) or exported model (TorchScript,
+    ONNX) → Model. ``device``: checkpoints only ("cpu", "cuda", "cuda:N"); ``threads``:
+    ONNX Runtime's intra-op threads (0 = its default; torch follows torch.set_num_threads).
+    """
+    from rnntrain.infer.model import open_model
+    p, meta, engine, net = open_model(path, device, threads)
+    return Model(meta, engine, p, net)
+
+
+class Model:
+    """A model with its labels and front end; see the module docstring."""
+
+    def __init__(self, meta, engine, path: Path, net=None):
+        self.meta, self.engine, self.path = meta, engine, Path(path)
+        self.net = net   # the training network (checkpoints only): the reference for exports
+
+    # ---- what it is
+    @property
+    def labels(self) -> list[str]:
+        return self.meta.labels
+
+    @property
+    def input_size(self) -> int:
+        return self.meta.input_size
+
+    @property
+    def subsample(self) -> int:
+        return self.meta.subsample
+
+    @property
+    def frontend(self):
+        """``rnntrain.frontend.FrontEnd`` (features and statistics), or None."""
+        return self.meta.frontend
+
+    @property
+    def blank(self) -> int:
+        return self.meta.blank
+
+    @property
+    def frame_seconds(self) -> float | None:
+        """Seconds per model output frame (hop × stacking); None without a front end."""
+        fs = self.frontend.frame_seconds if self.frontend is not None else None
+        return fs * self.subsample if fs is not None else None
+
+    def __repr__(self) -> str:
+        fe = self.frontend.describe() if self.frontend is not None else "no front end"
+        return (f"<rnntrain.Model {self.path} ({self.engine.name}): {len(self.labels)} labels, "
+                f"{self.input_size} inputs, stacking {self.subsample}; {fe}>")
+
+    # ---- input → frames
+    def frames(self, x, rate: int | None = None, name: str | None = None) -> np.ndarray:
+        """Model-ready frames (T, F) float32 from an audio/.npy path, a signal or features."""
+        fe = self.frontend
+        if isinstance(x, (str, os.PathLike)):
+            p = Path(x)
+            name = name or str(p)
+            suf = p.suffix.lower()
+            if suf == ".npy":
+                x = read_npy(p)
+            elif suf in AUDIO_SUFFIXES:
+                if fe is None or fe.features is None:
+                    raise UserError(f"{p}: {self._no_audio()}")
+                return self._checked(fe.file_features(p), name)
+            else:
+                raise UserError(f"{p}: not an audio file ({', '.join(sorted(AUDIO_SUFFIXES))}) "
+                                f"or a .npy feature array")
+        x = np.asarray(x)
+        name = name or "array"
+        if x.ndim == 1:
+            if fe is None or fe.features is None:
+                raise UserError(f"{name}: a 1-D signal, but {self._no_audio()}")
+            if x.dtype.kind not in "iuf" or len(x) == 0:
+                raise UserError(f"{name}: a signal must be a non-empty numeric array")
+            return self._checked(fe.signal_features(pcm_to_float(x), rate), name)
+        if x.ndim != 2 or x.dtype.kind not in "iuf" or len(x) == 0:
+            raise UserError(f"{name}: expected a signal (S,) or features (T, F), got shape "
+                            f"{x.shape} {x.dtype}")
+        # float32 first, as the converter stores arrays before normalising them
+        x = self._checked(x.astype(np.float32), name)
+        return fe.normalise(x) if fe is not None else x
+
+    def _no_audio(self) -> str:
+        if self.frontend is None:
+            return ("this model has no front end (it was trained on a .nc file not written by "
+                    "rnntrain-data audio): give it feature arrays (.npy) or a NetCDF file")
+        return "this model was trained on feature arrays: give it .npy features or NetCDF"
+
+    def _checked(self, x: np.ndarray, name: str) -> np.ndarray:
+        if x.shape[1] != self.input_size:
+            raise UserError(f"{name}: {x.shape[1]} features per frame, the model takes "
+                            f"{self.input_size}")
+        if not np.isfinite(x).all():
+            bad = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
+            raise UserError(f"{name}: NaN or Inf in frame {bad}")
+        return x
+
+    # ---- frames → log-probabilities → labels
+    def log_probs(self, frames: np.ndarray) -> np.ndarray:
+        """Model-ready frames (T, F), normalised as in the training file → (T', C)."""
+        return self.log_probs_batch([frames])[0]
+
+    def log_probs_batch(self, frames: list[np.ndarray]) -> list[np.ndarray]:
+        """Several utterances in one zero-padded batch → [(T'_i, C)]."""
+        if not frames:
+            return []
+        for i, f in enumerate(frames):
+            if f.ndim != 2 or f.shape[1] != self.input_size or len(f) == 0:
+                raise UserError(f"frames {i}: expected (T, {self.input_size}) with T > 0, got "
+                                f"shape {f.shape}")
+        lengths = np.array([len(f) for f in frames], dtype=np.int64)
+        x = np.zeros((int(lengths.max()), len(frames), self.input_size), np.float32)
+        for i, f in enumerate(frames):
+            x[:len(f), i] = f
+        lp, out = self.engine.run(x, lengths)
+        return [lp[:int(out[i]), i] for i in range(len(frames))]
+
+    def decode(self, lp: np.ndarray, beam: int = 0) -> Transcript:
+        """(T', C) log-probs → Transcript: best path, or prefix beam search of width beam."""
+        if beam > 0:
+            from rnntrain.decode.search import prefix_beam_search
+            hyp = prefix_beam_search(lp, len(lp), self.blank, beam)
+            peaks = aligned_peaks(lp, hyp, self.blank)
+        else:
+            hyp, peaks = greedy_peaks(lp, self.blank)
+        return Transcript([self.labels[k] for k in hyp], peaks, len(lp), self.frame_seconds)
+
+    def transcribe(self, x, beam: int = 0, rate: int | None = None) -> Transcript:
+        """An audio or .npy path, a signal (S,) at ``rate`` or features (T, F) → Transcript."""
+        return self.decode(self.log_probs(self.frames(x, rate)), beam)
+
+    def export(self, out, format: str = "onnx", check_frames=None) -> Path:
+        """Write this model as TorchScript or ONNX (see ``rnntrain.infer.export``)."""
+        from rnntrain.infer.export import export
+        return export(self, out, format, check_frames)
+
+
+def pcm_to_float(x: np.ndarray) -> np.ndarray:
+    """A signal as float64 in [-1, 1]: integer PCM scaled as soundfile reads it from a file
+    (int16 / 2**15; uint8 centred on 128), floats as they are."""
+    if x.dtype.kind == "u":
+        half = 2.0 ** (8 * x.dtype.itemsize - 1)
+        return (x.astype(np.float64) - half) / half
+    if x.dtype.kind == "i":
+        return x.astype(np.float64) / 2.0 ** (8 * x.dtype.itemsize - 1)
+    return x.astype(np.float64)
+
+
+def read_npy(path: Path) -> np.ndarray:
+    if not path.is_file():
+        raise UserError(f"{path}: file not found")
+    try:
+        x = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise UserError(f"{path}: cannot read as a .npy array ({e})") from None
+    if x.ndim == 1:
+        x = x[:, None]   # one feature per frame, as the converter reads it
+    if x.ndim != 2 or x.dtype.kind not in "iuf" or len(x) == 0:
+        raise UserError(f"{path}: expected a non-empty (frames, features) numeric array, got "
+                        f"shape {x.shape} {x.dtype}")
+    return x

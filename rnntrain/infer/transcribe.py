@@ -1,0 +1,165 @@
+"""``rnntrain transcribe MODEL INPUT...``: one line per utterance, in input order.
+
+INPUT: audio files (WAV, FLAC, ... any sample rate), ``.npy`` feature arrays, NetCDF files
+(with or without targets: every sequence is transcribed, none is skipped), folders (their
+audio and .npy files, sorted), or list files (one path per line; ``path<TAB>anything`` as
+in the converters' LIST.tsv; relative paths are relative to the list).
+
+Utterances run on a pool of threads (each with one intra-op thread), in a bounded window
+so a long list never holds more than a few utterances in memory; lines come out in input
+order. NetCDF files are read on the calling thread (the NetCDF library is not thread-safe),
+one chunk at a time.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from rnntrain.errors import DataError, UserError
+from rnntrain.infer.api import AUDIO_SUFFIXES, Model, Transcript
+
+LIST_SUFFIXES = {".tsv", ".txt", ".lst", ".list", ".scp"}
+
+
+@dataclass
+class Source:
+    kind: str          # "file" (audio or .npy) or "nc"
+    path: Path
+    name: str          # what the output line shows
+
+
+def expand(inputs: list[str]) -> list[Source]:
+    """Command-line inputs → sources, checked to exist (one clear line otherwise)."""
+    out: list[Source] = []
+    for arg in inputs:
+        p = Path(arg)
+        if p.is_dir():
+            files = sorted(f for f in p.iterdir()
+                           if f.suffix.lower() in AUDIO_SUFFIXES | {".npy"} and f.is_file())
+            if not files:
+                raise UserError(f"{p}: a folder without audio or .npy files")
+            out += [Source("file", f, str(f)) for f in files]
+            continue
+        if not p.is_file():
+            raise UserError(f"{p}: file not found")
+        suf = p.suffix.lower()
+        if suf == ".nc":
+            out.append(Source("nc", p, str(p)))
+        elif suf in AUDIO_SUFFIXES or suf == ".npy":
+            out.append(Source("file", p, str(p)))
+        elif suf in LIST_SUFFIXES:
+            out += read_list(p)
+        else:
+            raise UserError(f"{p}: not an audio file, .npy array, NetCDF file or list "
+                            f"({', '.join(sorted(LIST_SUFFIXES))})")
+    return out
+
+
+def read_list(path: Path) -> list[Source]:
+    out = []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read the list ({e})") from None
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        f = Path(line.split("\t", 1)[0].strip())
+        f = f if f.is_absolute() else path.parent / f
+        if f.suffix.lower() not in AUDIO_SUFFIXES | {".npy"}:
+            raise UserError(f"{path} line {n}: {f} is not an audio file or .npy array")
+        if not f.is_file():
+            raise UserError(f"{path} line {n}: {f}: file not found")
+        out.append(Source("file", f, str(f)))
+    if not out:
+        raise UserError(f"{path}: no files listed")
+    return out
+
+
+def nc_items(model: Model, src: Source, chunk_frames: int = 1_000_000) -> Iterator[tuple]:
+    """(name, frames) of every sequence of a NetCDF file, read one chunk at a time."""
+    from rnntrain.data.dataset import Dataset
+    from rnntrain.frontend import FrontEnd
+    ds = Dataset.open(str(src.path), chunk_frames, need_targets=False)
+    if ds.input_size != model.input_size:
+        raise DataError(src.path, f"inputPattSize {ds.input_size}, the model takes "
+                                  f"{model.input_size}")
+    if ds.frontend is not None and model.frontend is not None and \
+            FrontEnd.from_dict(ds.frontend) != model.frontend:
+        raise DataError(src.path, "features or normalisation statistics differ from the "
+                                  "model's front end (attribute 'rnntrain_frontend')")
+    for k in range(len(ds.chunks)):
+        payload = ds.load_chunk(k)
+        for s in ds.chunks[k].seqs.tolist():
+            yield ds.tag(s), payload[s]
+
+
+def transcribe(model: Model, inputs: list[str], beam: int = 0, threads: int = 0,
+               as_json: bool = False, out=None, progress: bool = True) -> int:
+    """Write one line per utterance to ``out`` (a text stream); returns the count."""
+    sources = expand(inputs)
+    out = out or sys.stdout
+    workers = threads or os.cpu_count() or 1
+    from tqdm import tqdm
+    n_files = sum(1 for s in sources if s.kind == "file")
+    bar = tqdm(total=n_files or None, unit="utt", desc="transcribe", leave=False,
+               disable=not progress or (len(sources) < 20 and not any(
+                   s.kind == "nc" for s in sources)) or None, file=sys.stderr)
+    import torch
+    saved = torch.get_num_threads()
+    # one intra-op thread per worker: utterances in parallel scale better than one
+    # utterance's small matrices over several threads
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+    window: deque[tuple[str, Future]] = deque()
+    count = 0
+
+    def emit(name: str, fut: Future):
+        nonlocal count
+        t = fut.result()
+        out.write(format_line(name, t, as_json))
+        count += 1
+        bar.update(1)
+
+    def job(item):
+        if isinstance(item, Path):
+            frames = model.frames(item)
+        else:
+            frames = item
+        return model.decode(model.log_probs(frames), beam)
+
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="transcribe") as pool:
+            try:
+                for src in sources:
+                    items = [(src.name, src.path)] if src.kind == "file" else \
+                        nc_items(model, src)
+                    for name, item in items:
+                        window.append((name, pool.submit(job, item)))
+                        if len(window) >= 4 * workers:
+                            emit(*window.popleft())
+                while window:
+                    emit(*window.popleft())
+            except BaseException:
+                for _, f in window:
+                    f.cancel()
+                raise
+    finally:
+        bar.close()
+        torch.set_num_threads(saved)
+    return count
+
+
+def format_line(name: str, t: Transcript, as_json: bool) -> str:
+    """TSV: name, hypothesis, peak times in seconds (model frames without a front end)."""
+    if as_json:
+        return json.dumps({"input": name, **t.to_dict()}, ensure_ascii=False) + "\n"
+    times = t.times
+    peaks = " ".join(f"{v:.2f}" for v in times) if times is not None else \
+        " ".join(str(p) for p in t.peaks)
+    return f"{name}\t{t.text}\t{peaks}\n"
