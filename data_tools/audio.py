@@ -51,10 +51,17 @@ class Entry:
 
 def read_list(list_path) -> list[Entry]:
     lp = Path(list_path)
-    if not lp.is_file():
-        raise UserError(f"{lp}: list file not found")
+    from rnntrain.errors import check_regular_file
+    check_regular_file(lp, "list file")
+    data = lp.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise UserError(f"{lp} line {line}: not UTF-8 text (byte 0x{data[e.start]:02x})"
+                        ) from None
     out = []
-    for n, raw in enumerate(lp.read_text(encoding="utf-8").splitlines(), 1):
+    for n, raw in enumerate(text.splitlines(), 1):
         if not raw.strip() or raw.lstrip().startswith("#"):
             continue
         if "\t" not in raw:
@@ -121,15 +128,19 @@ def read_audio(path, start: float = 0.0, end: float | None = None) -> tuple[int,
 
 def read_wav(path) -> tuple[int, np.ndarray]:
     """→ (rate, mono float64 signal in [-1, 1]). Raises UserError naming the file."""
+    import struct
     from scipy.io import wavfile
-    if not os.path.isfile(path):
-        raise UserError(f"{path}: file not found")
+    from rnntrain.errors import check_regular_file
+    check_regular_file(path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # odd chunks (LIST/INFO) are skipped anyway
             rate, x = wavfile.read(path)
-    except (ValueError, OSError, EOFError) as e:
-        raise UserError(f"{path}: cannot read as WAV ({e})") from None
+    except (ValueError, OSError, EOFError, struct.error) as e:
+        # struct.error: scipy unpacks a truncated header ("unpack requires a buffer of 16
+        # bytes") without checking its length first
+        why = f"truncated header ({e})" if isinstance(e, struct.error) else str(e)
+        raise UserError(f"{path}: cannot read as WAV ({why})") from None
     return _mono_checked(path, int(rate), x)
 
 

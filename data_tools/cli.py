@@ -22,7 +22,7 @@ def _inspect(a):
     problems: list[str] = []
     print(inspect(a.path, a.subsample, problems=problems))
     if problems:
-        raise UserError(f"{len(problems)} chunk file(s) failed verification; first: {problems[0]}")
+        raise UserError(f"{len(problems)} problem(s) found; first: {problems[0]}")
 
 
 def _shard(a):

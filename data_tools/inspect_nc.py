@@ -51,7 +51,35 @@ def inspect(path: str, subsample: int = 1, chunk_frames: int = 2_000_000,
                                                if len(bad) else ""))
     if len(ds.shards) > 1 or ds.chunks[0].sha256:
         lines += manifest_report(ds, problems if problems is not None else [])
+    lines += nonfinite_report(ds, problems if problems is not None else [])
     return "\n".join(lines)
+
+
+def nonfinite_report(ds: Dataset, problems: list[str]) -> list[str]:
+    """Sequences whose inputs hold NaN or Inf (training would stop at the first). Reads
+    every frame once, one chunk at a time."""
+    from rnntrain.data import ncdata
+    from rnntrain.errors import UserError
+    bad: list[int] = []
+    for c in ds.chunks:
+        try:
+            rows = ncdata.read_rows(c.path, c.row_start, c.row_stop)
+        except UserError as e:  # unreadable or never-written rows: reported, not raised
+            problems.append(str(e))
+            return [f"  inputs         cannot be scanned: {e}"]
+        finite = np.isfinite(rows).all(axis=1)
+        if finite.all():
+            continue
+        offs = np.concatenate([[0], np.cumsum(ds.lengths[c.seqs])])
+        for j, s in enumerate(c.seqs):
+            if not finite[offs[j]:offs[j + 1]].all():
+                bad.append(int(s))
+    if not bad:
+        return ["  inputs         all frames finite"]
+    names = ", ".join(ds.tag(i) for i in bad[:10]) + (" ..." if len(bad) > 10 else "")
+    msg = f"{len(bad)} sequences have NaN or Inf inputs (training stops at them): {names}"
+    problems.append(f"{ds.source}: {msg}")
+    return [f"  inputs         {msg}"]
 
 
 def manifest_report(ds: Dataset, problems: list[str]) -> list[str]:

@@ -42,8 +42,11 @@ def _load_for_eval(checkpoint: str, data: str, device: str, need_targets: bool =
     from rnntrain.compute.model import build_model
     from rnntrain.compute.device import pick_device
     from rnntrain.infer.model import resolve
-    ck = ckpt.load(resolve(checkpoint))  # a run folder means its best checkpoint
-    cfg = config_from_dict(ck["config"])
+    ck = ckpt.load(resolve(checkpoint), need=ckpt.MODEL_KEYS)  # a run folder: its best
+    try:
+        cfg = config_from_dict(ck["config"])
+    except UserError as e:
+        raise UserError(f"{checkpoint}: its config does not fit this rnntrain ({e})") from None
     ds = Dataset.open(data, cfg.data.chunk_frames, need_targets=False)
     if need_targets and not ds.has_targets:
         raise DataError(data, "missing variable: no targets to score against (rnntrain "
@@ -61,7 +64,11 @@ def _load_for_eval(checkpoint: str, data: str, device: str, need_targets: bool =
                               f"checkpoint's ({height})")
     dev = pick_device(device)
     model = build_model(cfg.model, ds.frame_size, len(ck["labels"]), max(height, 1))
-    model.load_state_dict(ck["model"])
+    try:
+        model.load_state_dict(ck["model"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{checkpoint}: its weights do not fit its own [model] section "
+                        f"({(str(e).splitlines() or [type(e).__name__])[0][:200]})") from None
     model.labels = list(ck["labels"])  # the checkpoint's names (a file to decode may have none)
     model.to(dev)
     return cfg, ds, model, dev
@@ -81,6 +88,10 @@ def _cmd_eval(args) -> int:
     cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device)
     decoder, space, threads = _decoding(args, ds, model)
     keep = ds.feasible(total_subsample(cfg.model))
+    if not keep.any():  # a score over nothing would read as LER 0
+        raise UserError(f"{args.data}: none of its {ds.num_seqs} sequences is long enough "
+                        f"for its target (subsampling {total_subsample(cfg.model)}): nothing "
+                        "to score")
     counts = evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev,
                       decoder=decoder, space=space, threads=threads)
     out = {k: c.summary() for k, c in counts.items()}

@@ -9,23 +9,26 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from rnntrain.errors import ConfigError
+from rnntrain.errors import ConfigError, check_regular_file
 
 
 # Limits live next to their fields: ``field(metadata=...)`` with "gt" / "ge" / "lt" bounds
 # (``positive`` / ``non_negative`` below); choices are ``Literal`` types. ``validate``
 # reads both from the dataclasses, so a new key needs no second table.
-def positive(default):
-    return field(default=default, metadata={"gt": 0})
+# "finite": inf passes "> 0", and a learning rate of inf turns every weight into NaN at the
+# first step (inf is kept where it means "never": every_minutes, timeout_s).
+def positive(default, finite: bool = False):
+    return field(default=default, metadata={"gt": 0, "finite": finite})
 
 
-def non_negative(default):
-    return field(default=default, metadata={"ge": 0})
+def non_negative(default, finite: bool = False):
+    return field(default=default, metadata={"ge": 0, "finite": finite})
 
 
 Cell = Literal["lstm", "peephole"]
@@ -56,7 +59,7 @@ class ModelConfig:
     bidirectional: bool = True
     subsample: int = positive(1)  # stack this many frames into one (speech: 3 is typical)
     cell: Cell = "lstm"          # "lstm" (cuDNN/oneDNN) or "peephole" (RNNLIB's cell)
-    dropout: float = field(default=0.0, metadata={"ge": 0, "lt": 1})  # between layers
+    dropout: float = field(default=0.0, metadata={"ge": 0, "lt": 1, "finite": True})
     # convolutional front end (images: columns of pixels; 1-D data: time convolution)
     frontend: Frontend = "none"  # "none" or "conv" (conv blocks, then the LSTM layers)
     conv_channels: list[int] = field(default_factory=lambda: [16, 32, 48, 64])
@@ -64,22 +67,22 @@ class ModelConfig:
     conv_pool_h: list[int] = field(default_factory=lambda: [2, 2, 2, 1])  # height pooling
     conv_pool_w: list[int] = field(default_factory=lambda: [2, 2, 1, 1])  # width (time)
     conv_norm: ConvNorm = "group"  # "group" (per image, over valid columns) or "none"
-    conv_dropout: float = field(default=0.0, metadata={"ge": 0, "lt": 1})  # after each block
+    conv_dropout: float = field(default=0.0, metadata={"ge": 0, "lt": 1, "finite": True})  # after each block
 
 
 @dataclass
 class OptimConfig:
     name: Optimizer = "adam"     # "adam" or "sgd" (RNNLIB: sgd, lr 1e-4, momentum 0.9, sum)
-    lr: float = positive(1e-3)
-    momentum: float = non_negative(0.9)      # sgd only
-    weight_decay: float = non_negative(0.0)
-    clip_norm: float = non_negative(0.0)     # global gradient-norm clipping; 0 = off
+    lr: float = positive(1e-3, finite=True)
+    momentum: float = non_negative(0.9, finite=True)      # sgd only
+    weight_decay: float = non_negative(0.0, finite=True)
+    clip_norm: float = non_negative(0.0, finite=True)     # global gradient-norm clipping; 0 = off
     normalize: Normalize = "sequences"  # loss normalisation: "sum" (RNNLIB), "sequences", "frames"
     schedule: Schedule = "constant"
     warmup_steps: int = non_negative(0)
     step_epochs: int = positive(10)  # "step" schedule: multiply lr by step_gamma every N epochs
-    step_gamma: float = 0.5
-    min_lr: float = non_negative(0.0)        # "cosine" schedule floor
+    step_gamma: float = positive(0.5, finite=True)  # (<= 0 would make the lr 0 or negative)
+    min_lr: float = non_negative(0.0, finite=True)        # "cosine" schedule floor
 
 
 @dataclass
@@ -87,7 +90,7 @@ class TrainConfig:
     epochs: int = positive(10)
     batch_frames: int = positive(8000)       # padded frames per (global) batch
     seed: int = non_negative(1)
-    input_noise: float = non_negative(0.0)   # Gaussian noise std added to inputs (RNNLIB inputNoiseDev)
+    input_noise: float = non_negative(0.0, finite=True)   # Gaussian noise std added to inputs (RNNLIB inputNoiseDev)
     threads: int = non_negative(0)   # worker threads; 0 = fill this rank's cores (cores / intra_threads)
     intra_threads: int = positive(1)  # torch intra-op threads per worker (one process-wide setting)
     tasks_per_worker: int = positive(2)      # micro-batches per worker per batch (load balance)
@@ -241,6 +244,13 @@ def validate(cfg: Config):
                 raise ConfigError(f"{key} = {v!r} must be >= {f.metadata['ge']}")
             if "lt" in f.metadata and not v < f.metadata["lt"]:
                 raise ConfigError(f"{key} = {v!r} must be < {f.metadata['lt']}")
+            if f.metadata.get("finite") and not math.isfinite(v):
+                raise ConfigError(f"{key} = {v!r} must be a finite number")
+            if isinstance(v, str):
+                try:
+                    v.encode("utf-8")
+                except UnicodeEncodeError:  # undecodable bytes from the command line
+                    raise ConfigError(f"{key} = {v!r} is not valid UTF-8 text") from None
     check_device(cfg.train.device)
     m = cfg.model
     if m.frontend == "conv":
@@ -262,10 +272,20 @@ def load_config(path: str | Path | None, overrides: list[str] = (), check: bool 
     cfg = Config()
     if path is not None:
         p = Path(path)
-        if not p.is_file():
+        if not p.exists():
             raise ConfigError(f"config file not found: {p}")
+        check_regular_file(p, "config file", ConfigError)  # a FIFO would block the read
         try:
-            table = tomllib.loads(p.read_text())
+            data = p.read_bytes()
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:  # TOML is UTF-8 by definition
+            line = data[:e.start].count(b"\n") + 1
+            raise ConfigError(f"{p}: not UTF-8 text (byte 0x{data[e.start]:02x} on line "
+                              f"{line}); TOML files must be UTF-8") from None
+        except OSError as e:
+            raise ConfigError(f"{p}: cannot read ({e.strerror or e})") from None
+        try:
+            table = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{p}: not valid TOML ({e})") from None
         _apply(cfg, table, str(p))

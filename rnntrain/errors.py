@@ -26,3 +26,36 @@ class DataError(UserError):
 
 class ConfigError(UserError):
     """Bad configuration: unknown key, wrong type, impossible value."""
+
+
+
+def file_problem(path, what: str = "file") -> str | None:
+    """Why ``path`` cannot be read as a regular file ("data file not found", "data file is
+    a FIFO ..."), without the path; None when it is an existing regular file (symlinks
+    followed).
+
+    Checked before opening: opening a FIFO for reading blocks until a writer appears (a
+    training that hangs forever), and a device such as /dev/zero or /dev/urandom is an
+    endless stream that a reader would try to hold in memory.
+    """
+    import os
+    import stat
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return f"{what} not found"
+    except OSError as e:
+        return f"{what} cannot be read ({e.strerror or e})"
+    if stat.S_ISREG(mode):
+        return None
+    kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO (named pipe)"
+            if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or
+            stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a file")
+    return f"{what} is {kind}, not a regular file"
+
+
+def check_regular_file(path, what: str = "file", error=UserError):
+    """Raise ``error("PATH: why")`` unless ``path`` is a regular file (see file_problem)."""
+    why = file_problem(path, what)
+    if why:
+        raise error(f"{path}: {why}")

@@ -1,4 +1,4 @@
-"""Fuzzing the two things users hand us: NetCDF files and config files.
+"""Fuzzing what users hand us: NetCDF files, dataset manifests and config files.
 
 Random NetCDF headers (dimensions, variables, types, values; written with netCDF4) and
 random TOML must either load or raise a clean UserError: never another exception, a crash
@@ -10,9 +10,11 @@ import json
 import math
 import signal
 from contextlib import contextmanager
+from pathlib import Path
 
 import netCDF4
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, event, given, reject, settings
 from hypothesis import strategies as st
 
@@ -214,3 +216,91 @@ def test_fuzz_config_text(tmp_path_factory, text):
             load_config(path)
         except UserError:
             pass
+
+
+# ---- manifests: paths and index fields
+
+@pytest.fixture(scope="module")
+def sharded_dataset(tmp_path_factory):
+    """A small real sharded dataset, the original frames by tag, and outside the dataset
+    folder a FIFO (opening it would block: a fuzz example that reads outside hangs, and
+    the alarm turns that into a failure) plus a symlink to it from inside."""
+    import os
+    from data_tools.shard import shard
+    from data_tools.synth import write_synth
+    d = tmp_path_factory.mktemp("man")
+    src = d / "src.nc"
+    write_synth(str(src), num_seqs=24, num_labels=4, input_size=3, seed=3)
+    man = Path(shard([str(src)], 2, str(d / "ds"), chunk_seqs=5))
+    os.mkfifo(d / "outside.fifo")
+    (man.parent / "out").symlink_to(d)
+    ds = Dataset.open(str(man.parent))
+    frames = {}
+    for k in range(len(ds.chunks)):
+        for s, x in ds.load_chunk(k).items():
+            frames[ds.tags[s]] = x
+    return man, json.loads(man.read_text()), frames
+
+
+BAD_PATHS = ["/etc/passwd", "../outside.fifo", "out/outside.fifo", "shard-000/../../outside.fifo",
+             "", "missing.nc", "shard-000", "a\0b", "out", "./shard-000/chunk-0000.nc"]
+FIELDS = ["numSeqs", "numTimesteps", "bytes", "sha256", "file"]
+
+
+@st.composite
+def manifest_edits(draw):
+    """A list of edits: (what, shard, chunk, field, value) — paths replaced, index fields
+    changed, entries swapped, fields dropped or retyped."""
+    edits = []
+    for _ in range(draw(st.integers(1, 3))):
+        kind = draw(st.sampled_from(["path", "index_path", "number", "swap", "drop", "type",
+                                     "sha"]))
+        edits.append((kind, draw(st.integers(0, 1)), draw(st.integers(0, 4)),
+                      draw(st.sampled_from(FIELDS)), draw(st.sampled_from(BAD_PATHS)),
+                      draw(st.integers(-3, 3)), draw(st.integers(0, 1)), draw(st.integers(0, 4))))
+    return edits
+
+
+def _apply_edits(man: dict, edits) -> dict:
+    import copy
+    m = copy.deepcopy(man)
+    for kind, s, c, field, path, delta, s2, c2 in edits:
+        chunks = m["shards"][s]["chunks"]
+        entry = chunks[c % len(chunks)]
+        if kind == "path":
+            entry["file"] = path
+        elif kind == "index_path":
+            m["index"]["file"] = path
+        elif kind == "number" and field in ("numSeqs", "numTimesteps", "bytes"):
+            entry[field] = entry[field] + delta
+        elif kind == "swap":
+            other = m["shards"][s2]["chunks"][c2 % len(m["shards"][s2]["chunks"])]
+            for k in ("file", "sha256", "bytes"):
+                entry[k], other[k] = other[k], entry[k]
+        elif kind == "drop":
+            entry.pop(field, None)
+        elif kind == "type":
+            entry[field] = str(entry.get(field)) if field != "file" else 7
+        elif kind == "sha":
+            entry["sha256"] = "" if delta < 0 else "0" * 64
+    return m
+
+
+@FUZZ
+@given(edits=manifest_edits())
+def test_fuzz_manifests(sharded_dataset, edits):
+    """An edited manifest either opens and serves every sequence with exactly its own
+    frames (by tag, against the original), or gives a clean UserError; never an
+    exception of another kind, a read outside the folder, or a hang."""
+    man, orig, frames = sharded_dataset
+    path = man.parent / "fuzz.json"
+    path.write_text(json.dumps(_apply_edits(orig, edits)))
+    with alarm(20):
+        try:
+            ds = Dataset.open(str(path))
+            for k in range(len(ds.chunks)):
+                for s, x in ds.load_chunk(k).items():
+                    assert np.array_equal(x, frames[ds.tags[s]]), ds.tags[s]
+            event("loaded")
+        except UserError as e:
+            event(f"UserError: {str(e).split(': ', 1)[-1][:40]}")

@@ -41,6 +41,23 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
+def memory_bytes(device: torch.device) -> int:
+    """Memory a model can use on ``device``: the GPU's, or the machine's physical RAM
+    (a cgroup limit, where one is set and smaller)."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    import os
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for f in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = open(f).read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return int(total)
+
+
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype of ``train.precision`` on ``device`` (None = plain fp32).
 

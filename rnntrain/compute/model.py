@@ -132,6 +132,45 @@ class CTCModel(nn.Module):
         return F.log_softmax(self.out(x).float(), dim=-1), lengths
 
 
+def estimate_params(mcfg, input_size: int, num_labels: int) -> int:
+    """Parameters of ``build_model(mcfg, ...)`` from the config alone (no allocation):
+    per layer and direction 4H(F+H) weights and 8H biases (peephole cell: 4H biases and
+    3H peepholes), then the output layer. Equals count_params of the built model (tested)."""
+    dirs = 2 if mcfg.bidirectional else 1
+    # a conv front end changes the first layer's input: counted as 0 there (a lower bound;
+    # the H x H recurrent weights, what makes a model too large, are exact)
+    conv = getattr(mcfg, "frontend", "none") == "conv"
+    size, n = (0 if conv else input_size * mcfg.subsample), 0
+    for _ in range(mcfg.layers):
+        # nn.LSTM: two bias vectors of 4H; the peephole cell: one, and 3H peepholes
+        n += dirs * (4 * mcfg.hidden * (size + mcfg.hidden)
+                     + (7 if mcfg.cell == "peephole" else 8) * mcfg.hidden)
+        size = mcfg.hidden * dirs
+    return n + size * (num_labels + 1) + num_labels + 1
+
+
+def check_memory(mcfg, input_size: int, num_labels: int, copies: int, memory_bytes: int):
+    """UserError when ``copies`` fp32 copies of the parameters (weights, gradients,
+    optimizer moments, per-task gradient buffers) exceed ``memory_bytes``, naming the
+    [model] key that makes it large; before torch is asked to allocate it (a RuntimeError
+    traceback, or the OOM killer)."""
+    n = estimate_params(mcfg, input_size, num_labels)
+    need = n * 4 * copies
+    if need <= memory_bytes:
+        return
+    from rnntrain.errors import ConfigError
+    key = "model.hidden" if mcfg.hidden * mcfg.hidden >= mcfg.hidden * input_size \
+        * mcfg.subsample else "model.subsample"
+    if mcfg.layers > 64:
+        key = "model.layers"
+    val = {"model.hidden": mcfg.hidden, "model.subsample": mcfg.subsample,
+           "model.layers": mcfg.layers}[key]
+    raise ConfigError(f"{key} = {val}: the model would have {n:.3g} parameters, about "
+                      f"{need / 2**30:,.1f} GiB as {copies} fp32 copies (weights, gradients, "
+                      f"optimizer state, task buffers), more than the "
+                      f"{memory_bytes / 2**30:,.1f} GiB of memory here")
+
+
 def build_model(mcfg, input_size: int, num_labels: int, height: int = 1) -> CTCModel:
     """input_size: values per input frame; height: pixels per column when frames are image
     columns (``Dataset.frame_height``; input_size = height × channels)."""

@@ -180,8 +180,7 @@ class WorkerPool:
             self._started = True
         t0 = time.perf_counter()
         results = [None] * len(tasks)
-        torch.set_flush_denormal(True)  # as on a worker thread (see _loop), for the tasks only
-        try:
+        with task_settings(self.intra_threads):  # as on a worker thread, for the tasks only
             for task in tasks:
                 try:
                     with trace.span("task", index=task.index, seqs=len(task.seqs)):
@@ -191,8 +190,6 @@ class WorkerPool:
                                     f"{list(task.seqs)[:10]}"
                                     f"{' ...' if len(task.seqs) > 10 else ''}): "
                                     f"{type(e).__name__}: {e}") from e
-        finally:
-            torch.set_flush_denormal(False)
         wall = time.perf_counter() - t0
         return results, BatchTiming(wall, [wall], [0.0])
 
@@ -337,12 +334,36 @@ def default_threads(threads: int, intra_threads: int, ranks_per_node: int = 1) -
     ``threads = 0`` fills this rank's share of the usable cores (CPU affinity, so taskset
     and container limits count) with workers of ``intra_threads`` each.
     """
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not on Linux
-        cores = os.cpu_count() or 1
-    cores = max(1, cores // max(ranks_per_node, 1))
+    cores = max(1, usable_cores() // max(ranks_per_node, 1))
     return threads or max(1, cores // intra_threads)
+
+
+# oversubscription past this many threads per usable core only adds switching: a typo
+# such as threads = 10000 would start 20,000 threads (workers and their OpenMP teams)
+MAX_THREADS_PER_CORE = 4
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
+def cap_threads(workers: int, intra: int, ranks_per_node: int = 1, device=None) -> int:
+    """``workers`` limited to MAX_THREADS_PER_CORE threads (workers x intra-op threads x
+    ranks on this node) per usable core, with a warning on stderr when it is cut."""
+    if device is not None and getattr(device, "type", "cpu") == "cuda":
+        limit = 64  # GPU: workers feed streams; more than a few never help
+    else:
+        limit = max(1, MAX_THREADS_PER_CORE * usable_cores() // max(intra * ranks_per_node, 1))
+    if workers <= limit:
+        return workers
+    import sys
+    print(f"rnntrain: warning: train.threads = {workers} (x intra_threads {intra} x "
+          f"{ranks_per_node} rank(s) on this node) is far more than the {usable_cores()} "
+          f"usable cores; using {limit} workers", file=sys.stderr, flush=True)
+    return limit
 
 
 def set_intra_threads(n: int):
@@ -356,6 +377,27 @@ def set_intra_threads(n: int):
     """
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
+
+
+@contextmanager
+def task_settings(intra_threads: int = 1):
+    """Run the enclosed code as the pool runs a task: ``intra_threads`` intra-op threads
+    and denormals flushed to zero on this thread; both restored on exit.
+
+    A float sum depends on how a kernel splits it over threads, and a flushed denormal is
+    a different number: a reference computed outside the pool must use these settings to
+    match the pool bit for bit (the default thread count is the core count, which differs
+    between machines).
+    """
+    old = torch.get_num_threads()
+    set_intra_threads(intra_threads)
+    # set_flush_denormal has no getter; the main thread runs with it off (see _loop)
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+        set_intra_threads(old)
 
 
 @contextmanager

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from rnntrain.data import manifest, ncdata
-from rnntrain.errors import DataError, UserError
+from rnntrain.errors import DataError, UserError, check_regular_file, file_problem
 from rnntrain.fsutil import verify_file
 
 
@@ -42,6 +42,7 @@ class Chunk:
     first: int                   # index in the file of the first sequence
     sha256: str = ""             # verified on load when set (manifests)
     nbytes: int = 0
+    checked: bool = False        # a file of its own (manifests): header checked on load
 
     @property
     def frames(self) -> int:
@@ -128,6 +129,8 @@ class Dataset:
         c = self.chunks[k]
         if c.sha256:
             verify_chunk(c)
+        if c.checked:
+            self.check_chunk(k)
         rows = ncdata.read_rows(c.path, c.row_start, c.row_stop)
         # offsets relative to the chunk; the sequences are contiguous in the file
         lens = self.rows[c.seqs]
@@ -142,6 +145,41 @@ class Dataset:
                     for j, s in enumerate(c.seqs)}
         return {int(s): rows[offs[j]:offs[j + 1]] for j, s in enumerate(c.seqs)}
 
+    def check_chunk(self, k: int):
+        """A chunk file must hold the sequences the index says, in order: the same count,
+        lengths, targets and (where the file has them) tags. Cheap (the file's header, no
+        frames) and always done: chunk files swapped between shards or chunks would
+        otherwise pair frames with the wrong targets, and sha256 is optional."""
+        c = self.chunks[k]
+        h = ncdata.read_header(c.path)
+        if h.num_seqs != len(c.seqs):
+            raise DataError(c.path, f"holds {h.num_seqs} sequences, the manifest index says "
+                                    f"{len(c.seqs)} for this chunk (files swapped or "
+                                    "replaced? re-run rnntrain-data shard)", var="numSeqs")
+        if h.input_size != self.input_size or h.labels != self.labels:
+            raise DataError(c.path, "inputPattSize or alphabet differs from the manifest")
+        want = self.lengths[c.seqs]
+        for j in np.flatnonzero(h.lengths != want)[:1]:
+            raise DataError(c.path, f"length {h.lengths[j]}, the manifest index says "
+                                    f"{want[j]} (files swapped or replaced? re-run "
+                                    "rnntrain-data shard)", var="seqLengths", seq=int(j),
+                            tag=h.tags[j])
+        for j, s in enumerate(c.seqs):
+            if h.tags[j] and h.tags[j] != self.tags[s]:
+                raise DataError(c.path, f"tag differs from the manifest index's "
+                                        f"'{self.tags[s]}' (files swapped or replaced?)",
+                                var="seqTags", seq=j, tag=h.tags[j])
+            if not np.array_equal(h.targets[j], self.targets[s]):
+                raise DataError(c.path, "target differs from the manifest index (files "
+                                        "swapped or replaced?)", var="targetStrings",
+                                seq=j, tag=h.tags[j])
+
+    def require_sequences(self):
+        """DataError for a dataset without sequences: training, scoring or inspecting it
+        would only report zeros (an LER of 0 on nothing looks like success)."""
+        if self.num_seqs == 0:
+            raise DataError(self.source, "holds no sequences (numSeqs = 0)", var="numSeqs")
+
     @staticmethod
     def open(path: str, chunk_frames: int = 2_000_000, need_targets: bool = True) -> "Dataset":
         """A .nc file, a sharded dataset's folder or its manifest.json. need_targets=False
@@ -153,13 +191,15 @@ class Dataset:
                                 "an interrupted rnntrain-data shard: run it again)")
             p = p / "manifest.json"
         if p.suffix == ".json":
+            check_regular_file(p, "manifest")
             ds = from_manifest(p)
             if ds.chunks:  # the shard tool copies its inputs' front end into every chunk
                 ds.frontend = read_frontend(ds.chunks[0].path)
-            return ds
-        if not p.exists():
-            raise UserError(f"{path}: data file not found")
-        return from_nc(str(p), chunk_frames, need_targets)
+        else:
+            check_regular_file(p, "data file")  # a FIFO would block the read
+            ds = from_nc(str(p), chunk_frames, need_targets)
+        ds.require_sequences()
+        return ds
 
 
 def virtual_chunks(path: str, lengths: np.ndarray, chunk_frames: int, first_id: int = 0,
@@ -228,8 +268,12 @@ def from_manifest(path) -> Dataset:
     root = path.parent
     ix = man["index"]
     where = str(path)
-    idx = manifest.read_index(root / manifest.require(ix, "file", where, str),
-                              manifest.require(ix, "sha256", where, str),
+    # every path confined before anything is opened or hashed
+    index_path = manifest.confined(root, manifest.require(ix, "file", where, str),
+                                   f"{where} index")
+    chunk_paths = [[manifest.confined(root, c["file"], f"{where} shard {s}")
+                    for c in sh["chunks"]] for s, sh in enumerate(man["shards"])]
+    idx = manifest.read_index(index_path, manifest.require(ix, "sha256", where, str),
                               manifest.require(ix, "bytes", where, int))
     lengths = idx["lengths"].astype(np.int64)
     heights = idx["heights"].astype(np.int64) if "heights" in idx else None
@@ -237,22 +281,30 @@ def from_manifest(path) -> Dataset:
     toff = idx["target_offsets"].astype(np.int64)
     flat = idx["targets"].astype(np.int32)
     n = len(lengths)
-    if len(toff) != n + 1 or len(idx["tags"]) != n or toff[-1] != len(flat):
-        raise DataError(root / ix["file"], "index arrays have inconsistent sizes")
+    if len(toff) != n + 1 or len(idx["tags"]) != n or toff[-1] != len(flat) \
+            or toff[0] != 0 or np.any(np.diff(toff) < 0):
+        raise DataError(index_path, "index arrays have inconsistent sizes")
+    if n and lengths.min() <= 0:
+        i = int(np.argmin(lengths))
+        raise DataError(index_path, f"length {lengths[i]} (every sequence needs a frame)",
+                        var="lengths", seq=i)
     targets = [flat[toff[i]:toff[i + 1]] for i in range(n)]
     if len(flat) and (flat.min() < 0 or flat.max() >= len(man["labels"])):
-        raise DataError(root / ix["file"], "target label index outside the alphabet")
+        raise DataError(index_path, "target label index outside the alphabet")
     chunks, shards, first = [], [], 0
-    for sh in man["shards"]:
+    for sh, paths in zip(man["shards"], chunk_paths):
         ids = []
-        for c in sh["chunks"]:
+        for c, cpath in zip(sh["chunks"], paths):
+            if c["numSeqs"] < 0 or c["numTimesteps"] < 0 or c["bytes"] < 0:
+                raise DataError(cpath, "negative numSeqs, numTimesteps or bytes in the "
+                                       "manifest")
             seqs = np.arange(first, first + c["numSeqs"], dtype=np.int64)
             if seqs[-1:].size and seqs[-1] >= n or int(rows[seqs].sum()) != c["numTimesteps"]:
-                raise DataError(root / c["file"], "numSeqs/numTimesteps in the manifest do "
-                                                  "not match the sequence index")
+                raise DataError(cpath, "numSeqs/numTimesteps in the manifest do "
+                                       "not match the sequence index")
             ids.append(len(chunks))
-            chunks.append(Chunk(str(root / c["file"]), seqs, 0, c["numTimesteps"], 0,
-                                c["sha256"], c["bytes"]))
+            chunks.append(Chunk(str(cpath), seqs, 0, c["numTimesteps"], 0,
+                                c["sha256"], c["bytes"], checked=True))
             first += c["numSeqs"]
         shards.append(ids)
     if first != n:
@@ -265,4 +317,6 @@ def from_manifest(path) -> Dataset:
 
 def verify_chunk(chunk: Chunk):
     """Size and sha256 of a chunk file against the manifest; DataError naming the file."""
+    if why := file_problem(chunk.path, "chunk file"):
+        raise DataError(chunk.path, why)
     verify_file(chunk.path, chunk.nbytes, chunk.sha256, "chunk file")

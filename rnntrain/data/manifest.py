@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rnntrain.errors import DataError, UserError
+from rnntrain.errors import DataError, UserError, check_regular_file, file_problem
 from rnntrain.fsutil import verify_file
 
 FORMAT = "rnntrain-manifest"
@@ -43,6 +43,7 @@ def require(obj: dict, key: str, where: str, kind=None):
 def read_manifest(path) -> dict:
     """Parse and check manifest.json (structure only; checksums are verified on load)."""
     path = Path(path)
+    check_regular_file(path, "manifest")  # a FIFO would block the read
     try:
         man = json.loads(path.read_text())
     except FileNotFoundError:
@@ -70,14 +71,47 @@ def read_manifest(path) -> dict:
     return man
 
 
+def confined(root: Path, rel: str, where: str) -> Path:
+    """``root/rel`` after checking that it stays inside ``root``: no absolute path, no
+    ``..``, no symlink (of the file or a folder on the way) leading out of the dataset
+    folder, and a regular file. Checked before anything is opened or hashed: a manifest
+    from elsewhere must not make us read (or leak the checksum of) files outside its
+    folder, nor block on a FIFO."""
+    if not rel or "\0" in rel:
+        raise UserError(f"{where}: empty or invalid file name {rel!r}")
+    pure = Path(rel)
+    if pure.is_absolute() or rel.startswith(("/", "\\")) or (len(rel) > 1 and rel[1] == ":"):
+        raise UserError(f"{where}: file {rel!r} is an absolute path; manifest paths must be "
+                        f"relative to the dataset folder {root}")
+    if ".." in pure.parts or ".." in rel.replace("\\", "/").split("/"):
+        raise UserError(f"{where}: file {rel!r} leads out of the dataset folder {root} ('..')")
+    base = root.resolve()
+    try:
+        real = (root / pure).resolve()
+    except (OSError, RuntimeError) as e:  # a symlink loop
+        raise UserError(f"{where}: file {rel!r} cannot be resolved ({e})") from None
+    if real != base and base not in real.parents:
+        raise UserError(f"{where}: file {rel!r} resolves to {real}, outside the dataset "
+                        f"folder {root} (a symlink leading out)")
+    return root / pure
+
+
 def read_index(path: Path, sha: str, nbytes: int) -> dict[str, np.ndarray]:
     """The per-sequence arrays (INDEX_KEYS) of index.npz, checked against the manifest."""
+    if why := file_problem(path, "sequence index"):
+        raise DataError(path, why)
     verify_file(path, nbytes, sha, "sequence index")
     try:
         with np.load(path, allow_pickle=False) as z:
             out = {k: z[k] for k in INDEX_KEYS}
             if "heights" in z.files:  # 2-D datasets (images)
                 out["heights"] = z["heights"]
-    except (OSError, KeyError, ValueError) as e:
+    except (OSError, KeyError, ValueError, EOFError) as e:
         raise DataError(path, f"cannot read the sequence index ({e})") from None
+    for k in ("lengths", "target_offsets", "targets"):
+        if out[k].ndim != 1 or out[k].dtype.kind not in "iu":
+            raise DataError(path, f"index array '{k}' must be 1-D integers, got "
+                                  f"{out[k].dtype} {out[k].shape}")
+    if out["tags"].ndim != 1:
+        raise DataError(path, f"index array 'tags' must be 1-D, got {out['tags'].shape}")
     return out

@@ -39,7 +39,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from rnntrain.errors import DataError
+from rnntrain.errors import DataError, file_problem
 from rnntrain.fsutil import commit, temp_path
 
 NC_LOCK = threading.RLock()
@@ -96,13 +96,51 @@ class NcHeader:
 
 def _open(path, mode="r"):
     path = str(path)
-    if mode == "r" and not os.path.exists(path):
-        raise DataError(path, "file not found")
+    if mode == "r":
+        if why := file_problem(path, "data file"):
+            raise DataError(path, why)
     try:
         return _nc().Dataset(path, mode)
     except OSError as e:  # netCDF4 says "[Errno -51] NetCDF: Unknown file format" etc.
         raise DataError(path, f"cannot open as NetCDF ({e.strerror or e}): not a NetCDF "
                               "file, or a truncated or damaged one") from None
+
+
+# deflate, the strongest filter netCDF-4 writers use, packs at most ~1032 bytes into one
+DEFLATE_MAX_RATIO = 1100
+
+
+def _check_claim(var, path: str, file_size: int):
+    """DataError when a variable declares more bytes than the file could hold, before
+    anything is allocated: a header saying numSeqs = 10^10 must be a clean error, not a
+    MemoryError or a 40 GiB allocation. Classic files are checked whole (check_complete);
+    netCDF-4 data may be compressed, but never beyond deflate's limit, and chunks that
+    were never written occupy no space at all (they read as fill values)."""
+    n = 1
+    for d in var.shape:
+        n *= int(d)
+    size = n * max(var.dtype.itemsize if hasattr(var.dtype, "itemsize") else 8, 1)
+    if size > max(file_size, 1 << 20) * DEFLATE_MAX_RATIO:
+        raise DataError(path, f"declares {size:,} bytes (shape {var.shape}) but the file has "
+                              f"only {file_size:,}: a damaged header, or a variable that was "
+                              "never written", var=var.name)
+
+
+def fill_value(var):
+    """The value netCDF returns for parts of ``var`` never written: its ``_FillValue``
+    attribute or the library default for its type; None for strings or with NOFILL."""
+    if "_FillValue" in var.ncattrs():
+        return np.asarray(var.getncattr("_FillValue")).reshape(-1)[0]
+    if getattr(var.dtype, "kind", "") not in "iuf" or "_NoFill" in var.ncattrs():
+        return None
+    return _nc().default_fillvals.get(var.dtype.str[1:])
+
+
+def _unwritten_rows(raw: np.ndarray, fill) -> np.ndarray:
+    """Indices of rows that hold nothing but the fill value."""
+    if fill is None or raw.size == 0:
+        return np.zeros(0, np.int64)
+    return np.flatnonzero((raw == np.asarray(fill, raw.dtype)).all(axis=tuple(range(1, raw.ndim))))
 
 
 def _strings(ds, name: str, path: str, required: bool) -> list[str] | None:
@@ -147,6 +185,9 @@ def read_header(path, need_targets: bool = True) -> NcHeader:
             raise DataError(path, f"numDims = {ndim}: only 1-D sequences and 2-D images "
                                   "(seqDims = height, width) are supported")
         n, f = dims["numSeqs"].size, dims["inputPattSize"].size
+        file_size = os.path.getsize(path)
+        for v in ds.variables.values():
+            _check_claim(v, path, file_size)
         if f == 0:
             raise DataError(path, "inputPattSize = 0: a frame needs at least one feature")
         if "inputs" not in ds.variables:
@@ -167,6 +208,7 @@ def read_header(path, need_targets: bool = True) -> NcHeader:
                                       f"inputPattSize = {f} (and numDims must be 1)")
         if "seqDims" in ds.variables:
             lv = "seqDims"
+            ds.variables[lv].set_auto_maskandscale(False)
             sd = np.asarray(ds.variables["seqDims"][:])
             if sd.ndim != 2 or sd.shape[1] != ndim:
                 raise DataError(path, f"expected shape (numSeqs, numDims={ndim}), got "
@@ -191,12 +233,20 @@ def read_header(path, need_targets: bool = True) -> NcHeader:
                                   "width per sequence)", var="seqDims")
         elif "seqLengths" in ds.variables:
             lv = "seqLengths"
+            ds.variables[lv].set_auto_maskandscale(False)
             lengths = np.asarray(ds.variables["seqLengths"][:]).reshape(-1)
         else:
             raise DataError(path, "missing variable (neither seqLengths nor seqDims)",
                             var="seqLengths")
         if lengths.dtype.kind not in "iu":
             raise DataError(path, f"expected integers, got {lengths.dtype}", var=lv)
+        fill = fill_value(ds.variables[lv])
+        unwritten = np.flatnonzero(lengths == fill) if fill is not None else []
+        if len(unwritten):
+            i = int(unwritten[0])
+            raise DataError(path, f"holds the fill value {fill} for {len(unwritten)} of {n} "
+                                  "sequences: it was never written (an interrupted "
+                                  "conversion?)", var=lv, seq=i)
         lengths = lengths.astype(np.int64)
         if len(lengths) != n:
             raise DataError(path, f"has {len(lengths)} entries but numSeqs = {n}", var=lv)
@@ -253,9 +303,20 @@ def read_rows(path, start: int, stop: int) -> np.ndarray:
         var = ds.variables["inputs"]
         var.set_auto_maskandscale(False)
         try:
-            out = np.asarray(var[start:stop, :], dtype=np.float32)
+            raw = np.asarray(var[start:stop, :])
         except (OSError, RuntimeError, IndexError) as e:
             raise DataError(path, f"cannot read rows {start}:{stop} ({e})", var="inputs") from None
+        # integer frames of one value (e.g. all-white image columns) are ordinary data:
+        # only an explicit _FillValue counts there; a float frame of 9.97e36 never is
+        fill = fill_value(var) if raw.dtype.kind == "f" or "_FillValue" in var.ncattrs() \
+            else None
+    bad = _unwritten_rows(raw, fill)
+    if len(bad):
+        raise DataError(path, f"row {start + int(bad[0])} (and {len(bad) - 1} more of rows "
+                              f"{start}:{stop}) holds only the fill value {fill}: the "
+                              "variable was never written there (an interrupted "
+                              "conversion?)", var="inputs")
+    out = raw.astype(np.float32, copy=False)
     if out.shape[0] != stop - start:
         raise DataError(path, f"expected {stop - start} rows at {start}, got {out.shape[0]} "
                               "(truncated file?)", var="inputs")
@@ -457,12 +518,15 @@ def classic_min_size(path) -> int | None:
     file instead of failing, so a half-copied file would train on silence: read_header
     compares this with the file size.
     """
+    limit = os.path.getsize(path)
     with open(path, "rb") as fh:
         head = fh.read(4)
         if head[:3] != b"CDF" or head[3] not in (1, 2, 5):
             return None
         v5 = head[3] == 5
-        big = fh.read  # the header is small: parse it from the stream
+        def big(n: int) -> bytes:  # the header is small: parse it from the stream
+            assert 0 <= n <= limit, "a header field larger than the file"
+            return fh.read(n)
 
         def num(n8: bool = v5) -> int:
             return struct.unpack(">Q" if n8 else ">I", big(8 if n8 else 4))[0]

@@ -373,3 +373,27 @@ def remainder_note(ds, keep: np.ndarray, world: int, strategy: str = "auto",
     return (f"{ds.source}: ranks hold {per_rank.min()}-{per_rank.max()} trainable sequences "
             f"each; the {spread} extra sequence(s) are trained in steps where other ranks "
             f"have fewer (none are dropped)")
+
+
+def resumed_plan(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
+                 rank: int, world: int, parts: list, round_lengths: int = 0,
+                 strategy: str = "auto") -> list[Step]:
+    """The rest of an epoch that was interrupted and resumed on other rank counts.
+
+    parts: [(world_k, pos_k), ...] in order: segment k of the epoch ran the plan of
+    world_k ranks over the sequences that earlier segments had not trained, for pos_k
+    steps. What a segment consumed is a pure function of the metadata and (world_k, pos_k)
+    (the union of every rank's first pos_k steps), so the sequences left can be computed
+    exactly and are re-dealt here to ``world`` ranks: none skipped, none repeated. The
+    batches differ from an uninterrupted run's (they are cut from the sequences left).
+    """
+    left = keep.copy()
+    for w, pos in parts:
+        consumed = []
+        for r in range(int(w)):
+            for st in make_plan(ds, left, batch_frames, seed, epoch, r, int(w),
+                                round_lengths=round_lengths, strategy=strategy)[:int(pos)]:
+                consumed.extend(st.seqs)
+        left[np.asarray(consumed, dtype=np.int64)] = False
+    return make_plan(ds, left, batch_frames, seed, epoch, rank, world,
+                     round_lengths=round_lengths, strategy=strategy)

@@ -18,7 +18,7 @@ from typing import Mapping
 
 from rnntrain.errors import UserError
 from rnntrain.parallel import mpi
-from rnntrain.parallel.mpi import LocalComm
+from rnntrain.parallel.mpi import LocalComm, on_abort  # noqa: F401  (on_abort: for train)
 
 _TORCHRUN_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 # the per-process size variables of MPI launchers: (variable, launcher)
@@ -115,6 +115,14 @@ def init(dcfg=None, device: str = "auto") -> LocalComm:
         comm = LocalComm()
     _COMM = comm
     return comm
+
+
+def launcher_prefix(size: int, environ: Mapping[str, str] = os.environ) -> str:
+    """The command prefix that starts ``size`` processes like this job ("" alone), for the
+    resume hint: torchrun under torch.distributed, else the MPI launcher (mpi.launcher_prefix)."""
+    if size > 1 and _COMM is not None and type(_COMM).__name__ == "TorchComm":
+        return f"torchrun --nproc-per-node {size}"
+    return mpi.launcher_prefix(size, environ)
 
 
 def fail(exc: BaseException):

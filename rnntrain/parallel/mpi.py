@@ -37,8 +37,28 @@ _LAUNCHER_ENV = (
 # Combining function of a custom reduction: (incoming bytes, in/out bytes) -> None.
 Combine = Callable[[np.ndarray, np.ndarray], None]
 
-# Roll-call tags on the control communicator (see MPIComm._wait).
-_TAG_ROLL, _TAG_ALIVE = 71, 72
+# Roll-call tags on the control communicator (see MPIComm._wait); _TAG_FAIL carries a
+# failing rank's error to rank 0, which records it and ends the job (see ``fail``).
+_TAG_ROLL, _TAG_ALIVE, _TAG_FAIL = 71, 72, 73
+
+# Called with the message just before this process aborts the job (rank 0: the run
+# folder's status.json says "failed" with the reason instead of "running" forever).
+_ON_ABORT: list[Callable[[str], None]] = []
+
+
+def on_abort(fn: Callable[[str], None] | None):
+    """Register ``fn(message)`` to run before an abort (None clears the registration)."""
+    _ON_ABORT.clear()
+    if fn is not None:
+        _ON_ABORT.append(fn)
+
+
+def _run_abort_hooks(msg: str):
+    for fn in list(_ON_ABORT):
+        try:
+            fn(msg)
+        except Exception:  # never let the record keep the job from ending
+            pass
 
 
 def launched_by_mpi(environ: Mapping[str, str] = os.environ) -> bool:
@@ -50,6 +70,18 @@ def launched_by_mpi(environ: Mapping[str, str] = os.environ) -> bool:
     # sbatch script has SLURM_NTASKS but no step id, and must not initialise MPI.
     return "SLURM_STEP_ID" in environ and "SLURM_PROCID" in environ \
         and int(environ.get("SLURM_STEP_NUM_TASKS", environ.get("SLURM_NTASKS", "1"))) > 1
+
+
+def launcher_prefix(size: int, environ: Mapping[str, str] = os.environ) -> str:
+    """The launcher command line that starts ``size`` ranks like this job ("" alone), for
+    the resume hint: Slurm's srun, Open MPI's mpirun, else mpiexec (MPICH, Intel MPI)."""
+    if size <= 1:
+        return ""
+    if "SLURM_STEP_ID" in environ and "SLURM_PROCID" in environ:
+        return f"srun -n {size}"
+    if "OMPI_COMM_WORLD_SIZE" in environ:
+        return f"mpirun -n {size}"
+    return f"mpiexec -n {size}"
 
 
 _SPIN_S = 0.02  # busy-progress window of a collective before backing off (see _wait)
@@ -97,6 +129,7 @@ class LocalComm:
         return ""
 
     def abort(self, msg: str, code: int = 1):
+        _run_abort_hooks(msg)
         print(msg, file=sys.stderr, flush=True)
         os._exit(code)
 
@@ -190,6 +223,7 @@ class MPIComm(LocalComm):
             f"rank {r} = pid {pid} on {host}" for r, (pid, host) in enumerate(ids))
 
     def abort(self, msg: str, code: int = 1):
+        _run_abort_hooks(f"rank {self.rank} of {self.size}: {msg}")
         print(f"[rank {self.rank}/{self.size}] {msg}", file=sys.stderr, flush=True)
         time.sleep(0.2)  # let the launcher forward the message before it kills the job
         self.comm.Abort(code)
@@ -238,6 +272,8 @@ class MPIComm(LocalComm):
             now = time.monotonic()
             if now - start > 0.05 and self.rank != 0 and self._answer_roll_call():
                 asked = True
+            if self.rank == 0:
+                self._take_over_failure()
             if now > deadline:
                 if self.rank == 0:
                     self._roll_call(what, grace)  # aborts the job
@@ -250,6 +286,35 @@ class MPIComm(LocalComm):
                                f"dist.timeout_s = {self.timeout_s:g} s; aborting the job")
             self._idle.wait(delay)
             delay = min(delay * 2, 2e-3)
+
+    def report_failure(self, msg: str, code: int, wait_s: float = 5.0):
+        """A rank other than 0 failed: hand the message to rank 0, which records it in
+        the run folder and ends the job (``_take_over_failure``); abort ourselves if rank
+        0 does not within ``wait_s`` (it may be stuck, or busy outside a collective)."""
+        data = np.frombuffer(f"{code}\n{msg}".encode("utf-8", "replace")[:8000], np.uint8)
+        req = self.ctl.Isend(data.copy(), dest=0, tag=_TAG_FAIL)
+        end = time.monotonic() + wait_s
+        while time.monotonic() < end:
+            req.Test()
+            self._idle.wait(0.01)
+        self.comm.Abort(code)  # (the message is printed already)
+        os._exit(code)
+
+    def _take_over_failure(self):
+        """Rank 0: another rank reported a failure; end the job with its message."""
+        st = self.MPI.Status()
+        if not self.ctl.Iprobe(source=self.MPI.ANY_SOURCE, tag=_TAG_FAIL, status=st):
+            return
+        buf = np.zeros(st.Get_count(self.MPI.BYTE), np.uint8)
+        self.ctl.Recv(buf, source=st.Get_source(), tag=_TAG_FAIL)
+        code, _, msg = bytes(buf).decode("utf-8", "replace").partition("\n")
+        src = st.Get_source()
+        _run_abort_hooks(f"rank {src} of {self.size}: {msg}")
+        print(f"[rank 0/{self.size}] rank {src} failed; ending the job", file=sys.stderr,
+              flush=True)
+        time.sleep(0.2)
+        self.comm.Abort(int(code) if code.isdigit() else 1)
+        os._exit(1)
 
     def _answer_roll_call(self) -> bool:
         """Non-root ranks: answer rank 0's roll call if one is pending."""
@@ -323,9 +388,14 @@ def fail_job(comm: LocalComm | None, exc: BaseException):
         # alone: two simultaneous aborts can lose both messages in the launcher
         time.sleep(1.0)
     if isinstance(exc, UserError):
-        comm.abort(f"rnntrain train: error: {exc}", code=2)
+        msg, code = f"rnntrain train: error: {exc}", 2
     elif isinstance(exc, KeyboardInterrupt):
-        comm.abort("rnntrain train: interrupted", code=130)
+        msg, code = "rnntrain train: interrupted", 130
     else:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        comm.abort(f"rnntrain train: internal error: {type(exc).__name__}: {exc}\n{tb}", 1)
+        msg, code = f"rnntrain train: internal error: {type(exc).__name__}: {exc}\n{tb}", 1
+    if comm.rank != 0 and isinstance(comm, MPIComm):
+        # print here (the launcher shows it), then let rank 0 record it and end the job
+        print(f"[rank {comm.rank}/{comm.size}] {msg}", file=sys.stderr, flush=True)
+        comm.report_failure(msg.split("\n", 1)[0], code)
+    comm.abort(msg, code)

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as td
 
 from rnntrain.errors import UserError
-from rnntrain.parallel.mpi import Combine, LocalComm
+from rnntrain.parallel.mpi import Combine, LocalComm, _run_abort_hooks
 
 _SPIN_S = 0.02      # busy-progress window before backing off (as in mpi.MPIComm._wait)
 _POLL_STORE_S = 0.1  # while waiting longer: how often to look for a roll call
@@ -178,6 +178,7 @@ class TorchComm(LocalComm):
             f"rank {r} = pid {pid} on {host}" for r, (pid, host) in enumerate(self._who))
 
     def abort(self, msg: str, code: int = 1):
+        _run_abort_hooks(f"rank {self.rank} of {self.size}: {msg}")  # status.json: failed
         print(f"[rank {self.rank}/{self.size}] {msg}", file=sys.stderr, flush=True)
         # torchrun sees a worker exit non-zero and stops the others (SIGTERM, then SIGKILL)
         os._exit(code)

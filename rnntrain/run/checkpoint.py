@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from rnntrain.data.dataset import check_fits
-from rnntrain.errors import UserError
+from rnntrain.errors import UserError, check_regular_file
 from rnntrain.fsutil import atomic_write, stale_temps
 
 FORMAT_VERSION = 1
@@ -37,7 +37,7 @@ def save_atomic(obj: dict, path: Path):
         # disk full, quota, file size limit: the old checkpoint stays. torch.save reports a
         # failed write of a large tensor as a RuntimeError ("unexpected pos ...").
         why = e.strerror if isinstance(e, OSError) and e.strerror else \
-            f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            f"{type(e).__name__}: {(str(e).splitlines() or [type(e).__name__])[0][:120]}"
         try:
             free = f"; {shutil.disk_usage(path.parent).free / 2**20:.0f} MiB free there"
         except OSError:
@@ -46,11 +46,15 @@ def save_atomic(obj: dict, path: Path):
                         f"checkpoints in {path.parent} are intact") from None
 
 
-def load(path) -> dict:
-    """Load and check a checkpoint; a clear UserError if it is not one of ours."""
+MODEL_KEYS = ("model", "config", "labels", "input_size")     # what eval/decode need
+TRAIN_KEYS = MODEL_KEYS + ("optim", "state")                # what a resume needs
+
+
+def load(path, need: tuple[str, ...] = ()) -> dict:
+    """Load and check a checkpoint; a clear UserError if it is not one of ours or lacks
+    one of the entries ``need`` names."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: checkpoint not found")
+    check_regular_file(path, "checkpoint")
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, not a torch file, or holds code objects
@@ -60,6 +64,19 @@ def load(path) -> dict:
     if ck["format"] != FORMAT_VERSION:
         raise UserError(f"{path}: checkpoint format {ck['format']}, this rnntrain reads "
                         f"format {FORMAT_VERSION}")
+    missing = [k for k in need if k not in ck]
+    if missing:
+        raise UserError(f"{path}: not a complete rnntrain checkpoint (no "
+                        f"{', '.join(missing)})")
+    if "state" in need and not (isinstance(ck["state"], dict) and all(
+            isinstance(ck["state"].get(k), int) for k in ("epoch", "pos", "step"))):
+        raise UserError(f"{path}: checkpoint lacks the training position (epoch, pos, step)")
+    if "input_size" in need and not isinstance(ck["input_size"], int) \
+            or "labels" in need and not isinstance(ck["labels"], list) \
+            or "config" in need and not isinstance(ck["config"], dict) \
+            or "model" in need and not isinstance(ck["model"], dict):
+        raise UserError(f"{path}: not a complete rnntrain checkpoint (an entry has the "
+                        "wrong type)")
     return ck
 
 
@@ -137,7 +154,7 @@ def resume_candidates(folder: Path) -> tuple[list[Path], list[tuple[Path, str]]]
     good, broken = [], []
     for p in found:
         try:
-            good.append((tuple(-v for v in _position(load(p))), p))
+            good.append((tuple(-v for v in _position(load(p, TRAIN_KEYS))), p))
         except UserError as e:
             broken.append((p, str(e)))
         except (KeyError, TypeError):
@@ -169,8 +186,7 @@ def load_for_resume(resume: str, run_dir: Path, ds, model, opt, model_cfg: dict,
     is reported with ``warn`` and, for "auto", the next older one is tried.
     """
     folder = Path(run_dir) / "checkpoints"
-    if resume == "auto":
-        remove_stale_temps(folder)
+    if resume == "auto":  # (stale temp files were removed under the run lock)
         cands, broken = resume_candidates(folder)
         if not cands and not broken:
             raise UserError(f"--resume auto: no checkpoint in {folder} (the default run.dir "
@@ -187,14 +203,15 @@ def load_for_resume(resume: str, run_dir: Path, ds, model, opt, model_cfg: dict,
     errors = []
     for i, path in enumerate(cands):
         try:
-            ck = load(path)
+            ck = load(path, TRAIN_KEYS)
             check_matches(ck, path, ds, model_cfg)
             try:
                 model.load_state_dict(ck["model"])
                 opt.load_state_dict(ck["optim"])
-            except (RuntimeError, ValueError, KeyError) as e:
+            except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
                 raise UserError(f"{path}: does not fit this model "
-                                f"({str(e).splitlines()[0][:200]})") from None
+                                f"({(str(e).splitlines() or [type(e).__name__])[0][:200]})"
+                                ) from None
             ck["path"] = str(path)
             return ck
         except UserError as e:
@@ -220,9 +237,16 @@ def existing_run(run_dir: Path) -> str | None:
             f"...); continue it with --resume, or choose another run.dir")
 
 
-def remove_stale_temps(folder: Path):
-    """Temp files of writes interrupted by a crash (never valid checkpoints)."""
+def remove_stale_temps(folder: Path, names: tuple[str, ...] = ("*.pt",)):
+    """Temp files (``.NAME.tmpPID``, NAME matching ``names``) of writes interrupted by a
+    crash: never valid checkpoints or logs.
+
+    Only call this holding the run lock (``runlog.claim_run_folder``): a live run's temp
+    file is the checkpoint it is writing right now.
+    """
     folder = Path(folder)
     if folder.is_dir():
-        for p in stale_temps(folder, "*.pt"):
-            p.unlink(missing_ok=True)
+        for name in names:
+            for p in stale_temps(folder, name):
+                if p.is_file():
+                    p.unlink(missing_ok=True)

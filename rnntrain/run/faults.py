@@ -11,7 +11,9 @@ update) and counted; ``max_bad`` such steps in a row stop the run naming the seq
 
 ``pause_point``: a test hook. ``RNNTRAIN_TEST_PAUSE=step:N`` blocks the process after the
 update of step N; ``RNNTRAIN_TEST_PAUSE=ckpt:N`` blocks inside the write of the checkpoint
-of step N (temp file complete, not yet renamed). Either prints ``rnntrain: paused at ...``
+of step N (temp file complete, not yet renamed); ``RNNTRAIN_TEST_PAUSE=best:N`` blocks
+at the end of the epoch that ends with step N, after best.pt is written and before
+last.pt is. Each prints ``rnntrain: paused at ...``
 on stderr first, so that a test can SIGKILL the process at that exact point. Unset, it
 costs one dictionary lookup.
 """
@@ -72,10 +74,12 @@ class StopFlag:
         self._old.clear()
 
 
-def resume_hint(config_path, overrides, run_dir) -> str:
-    """The command line that continues a stopped run."""
+def resume_hint(config_path, overrides, run_dir, launcher: str = "") -> str:
+    """The command line that continues a stopped run (``launcher``: e.g. "mpiexec -n 4",
+    the one this run was started with, see ``mpi.launcher_prefix``)."""
     keep = [o for o in overrides if not o.lstrip("-").startswith("run.dir=")]
-    return " ".join(["rnntrain train", *([str(config_path)] if config_path else []), *keep,
+    return " ".join([*([launcher] if launcher else []), "rnntrain train",
+                     *([str(config_path)] if config_path else []), *keep,
                      f"run.dir={run_dir}", "--resume"])
 
 

@@ -1,5 +1,10 @@
 """The run folder: resolved config, metrics.jsonl, train.log, status.json, checkpoints/.
 
+A run folder belongs to one live training at a time (``RunLock``): the writing rank holds
+an exclusive ``flock`` on ``RUN/lock`` from before its first write until it exits; the OS
+drops the lock when the process dies, however it dies, so a crashed run never leaves the
+folder locked. A second training on the folder stops at once naming the holder.
+
 ``status.json`` says whether the run is running, finished, stopped (by a signal, resumable)
 or failed (with the error), and which process on which host runs it, so ``rnntrain runs``
 can tell a crashed run (its process is gone) from a live one.
@@ -8,6 +13,8 @@ Only rank 0 writes (``RunLog(None)`` is the silent stand-in used on other ranks)
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -28,6 +35,104 @@ def default_run_dir(config_path: str | None, overrides: list[str], resolved_toml
     ov = "".join(c if c.isalnum() or c in "-_." else "_" for c in ov)[:60]
     h = hashlib.sha1(resolved_toml.encode()).hexdigest()[:6]
     return Path("runs") / "-".join(x for x in (stem, ov, h) if x)
+
+
+LOCK_NAME = "lock"
+
+
+class RunLock:
+    """Exclusive ownership of a run folder by this process (``flock`` on ``RUN/lock``).
+
+    The lock file stays in the folder (removing it would let a third process lock a new
+    inode while a second still holds the old one); what matters is the lock, which the
+    kernel holds exactly as long as this process keeps the file open. The file's content
+    names the holder (host, pid, start time) for the message a second training prints.
+    flock works across processes of one machine and, on Linux, across NFS clients (it is
+    mapped onto NFS byte-range locks); on file systems without locks it fails loudly.
+    """
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> "RunLock":
+        """Take the lock or raise UserError naming the folder and the live holder."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise UserError(f"run folder {self.folder} is not writable "
+                            f"({e.strerror or e})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = _read_holder(fd)
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise UserError(f"run folder {self.folder} is in use by another training "
+                                f"({holder}); wait for it to end or stop it, or choose "
+                                "another run.dir") from None
+            raise UserError(f"run folder {self.folder}: cannot lock {self.path} "
+                            f"({e.strerror or e}; the file system may not support locks)"
+                            ) from None
+        info = {"host": socket.gethostname(), "pid": os.getpid(),
+                "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "time": time.time()}
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        except OSError:
+            pass  # the lock is what counts; the holder info is a courtesy (disk full)
+        self._fd = fd
+        return self
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self):
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)  # closing the last descriptor releases the flock
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *_):
+        self.release()
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+        return (f"host {info['host']}, pid {info['pid']}, started {info['started']}")
+    except (OSError, ValueError, KeyError, TypeError):
+        return "holder unknown: it is starting or did not record itself"
+
+
+def claim_run_folder(comm, run_dir: Path) -> tuple[RunLock | None, str | None]:
+    """Rank 0: lock ``run_dir`` for this run and (only now, under the lock) remove temp
+    files that crashed writes left. Every rank raises the same UserError when the folder
+    is in use or cannot be locked. Returns (the held lock on rank 0, None elsewhere:
+    release it when the run ends; why a fresh run must not start here, or None: the
+    folder holds another run's checkpoints), agreed in one start-up collective."""
+    from rnntrain.parallel import collectives
+    from rnntrain.run import checkpoint as ckpt
+    lock, verdict = None, (None, None)
+    if comm.rank == 0:
+        try:
+            lock = RunLock(run_dir).acquire()
+            ckpt.remove_stale_temps(Path(run_dir) / "checkpoints")
+            ckpt.remove_stale_temps(Path(run_dir), ("config.toml", "status.json"))
+            verdict = (None, ckpt.existing_run(run_dir))
+        except UserError as e:
+            verdict = (str(e), None)
+    error, existing = collectives.from_root(comm, verdict)
+    if error:
+        if lock is not None:
+            lock.release()
+        raise UserError(error)
+    return lock, existing
 
 
 class RunLog:
@@ -58,8 +163,13 @@ class RunLog:
         return self.folder / "checkpoints" if self.folder else None
 
     def write_text(self, name: str, text: str):
+        """Replace ``RUN/name`` atomically; on a full disk the error names the file and
+        no temp file is left behind."""
         if self.folder:
-            atomic_write(self.folder / name, text)
+            try:
+                atomic_write(self.folder / name, text)  # no temp file left on failure
+            except OSError as e:  # name the file, not its temp file (the CLI prints it)
+                raise OSError(e.errno, e.strerror, str(self.folder / name)) from None
 
     def set_status(self, status: str, resumed: bool = False, **fields):
         """Write status.json: running | finished | stopped | failed, plus ``fields``.

@@ -8,7 +8,7 @@ functions of seed, epoch and batch index) or lives in the model and optimizer st
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 
 @dataclass
@@ -24,6 +24,10 @@ class TrainState:
     # fp16 only: the dynamic loss scale (``device.LossScaler.state_dict()``), so that a
     # resumed fp16 run continues with the same scale and growth counter; None otherwise
     loss_scale: dict | None = None
+    # MPI ranks of the run that wrote this state, and the segments [ranks, batches] of the
+    # epoch in progress trained on other rank counts (see ``on_ranks``)
+    world: int = 1
+    parts: list = field(default_factory=list)
 
     def state_dict(self) -> dict:
         """Plain values only (a checkpoint loads with ``weights_only=True``)."""
@@ -36,7 +40,9 @@ class TrainState:
         for f in fields(self):
             if f.name in d:
                 v = d[f.name]
-                if v is not None and f.name != "loss_scale":
+                if f.name == "parts":
+                    v = [[int(w), int(p)] for w, p in v]
+                elif v is not None and f.name != "loss_scale":
                     v = type(getattr(TrainState, f.name))(v)  # int stays int, float float
                 setattr(self, f.name, dict(v) if isinstance(v, dict) else v)
         return self
@@ -55,7 +61,23 @@ class TrainState:
         self.pos = pos
 
     def end_epoch(self):
-        self.epoch, self.pos = self.epoch + 1, 0
+        self.epoch, self.pos, self.parts = self.epoch + 1, 0, []
+
+    def on_ranks(self, world: int) -> str | None:
+        """The run continues on ``world`` ranks. From a state written on another rank
+        count, the epoch in progress goes on over the sequences it has not trained yet,
+        re-dealt to ``world`` ranks (``plan.resumed_plan``): the trained part is recorded
+        as a segment [old ranks, batches]. Returns the line to log, or None."""
+        old, self.world = self.world, world
+        if old == world:
+            return None
+        if self.pos:
+            self.parts = [*self.parts, [old, self.pos]]
+            self.pos = 0
+        return (f"resumed on {world} rank(s) from a checkpoint written on {old}: the rest "
+                f"of epoch {self.epoch + 1} is re-dealt over the sequences not yet trained "
+                "(none skipped or repeated); the run is not bit-identical to an "
+                "uninterrupted one")
 
     def record_validation(self, ler: float, loss: float) -> bool:
         """A validation result; → True when it is the best so far (lower LER, ties to

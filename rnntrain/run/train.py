@@ -18,13 +18,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from rnntrain.compute.device import autocast_dtype, host_every, pick_device
-from rnntrain.compute.model import build_model, count_params, init_uniform, total_subsample
+from rnntrain.compute.device import autocast_dtype, host_every, memory_bytes, pick_device
+from rnntrain.compute.model import (build_model, check_memory, count_params, init_uniform,
+                                    total_subsample)
 from rnntrain.compute.optim import build_optimizer
-from rnntrain.compute.pool import default_threads, intra_threads
+from rnntrain.compute.pool import cap_threads, default_threads, intra_threads
 from rnntrain.config import Config, to_dict, to_toml
 from rnntrain.data.dataset import Dataset, check_compatible
-from rnntrain.data.plan import make_plan, padding_ratio, remainder_note
+from rnntrain.data.plan import make_plan, padding_ratio, remainder_note, resumed_plan
 from rnntrain.errors import UserError
 from rnntrain.parallel import collectives
 from rnntrain.parallel import launch as dist
@@ -33,7 +34,7 @@ from rnntrain.run import trace
 from rnntrain.run.evaluate import evaluate
 from rnntrain.run.faults import StopFlag, pause_point, resume_hint
 from rnntrain.run.metrics import MetricsWindow
-from rnntrain.run.runlog import RunLog, default_run_dir
+from rnntrain.run.runlog import RunLog, claim_run_folder, default_run_dir
 from rnntrain.run.state import TrainState
 from rnntrain.run.step import EpochFeed, StepRunner
 
@@ -61,6 +62,18 @@ def describe_skipped(ds: Dataset, keep: np.ndarray, what: str) -> str:
 
 
 def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str | None = None):
+    """Train under ``cfg``; returns the run folder. The folder is locked from before its
+    first write until the run ends (rank 0 holds it): a second training on it stops at
+    once."""
+    locks: list = []  # the run folder's lock, once _train has claimed it
+    try:
+        return _train(cfg, config_path, overrides, resume, locks)
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+def _train(cfg: Config, config_path, overrides, resume, locks: list):
     comm = dist.init(cfg.dist, cfg.train.device)
     trace.attach(lambda: collectives.wait_for_all(comm))  # aligns the ranks' clocks (--trace)
     tc, rank = cfg.train, comm.rank
@@ -74,24 +87,34 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     # one worker feeds a GPU (its own stream); on CPU the rank's share of the cores
     workers = (tc.threads or 1) if device.type == "cuda" else \
         default_threads(tc.threads, tc.intra_threads, comm.local_size)
+    workers = cap_threads(workers, tc.intra_threads, comm.local_size, device)
 
     # ---- data (metadata now, frames later on the reader thread) and the run folder
     train_ds, keep, val_ds, val_keep = open_data(cfg)
     resolved = to_toml(cfg)
     run_dir = Path(cfg.run.dir) if cfg.run.dir else default_run_dir(
         cfg.run.name or config_path, list(overrides), resolved)
-    why = collectives.from_root(comm, ckpt.existing_run(run_dir) if rank == 0 else None)
+    # never two live runs in one folder (the lock); never overwrite (and prune) another
+    # run's checkpoints
+    lock, why = claim_run_folder(comm, run_dir)
+    locks += [lock] if lock else []
     if resume == "if-any":  # a requeued batch job: continue if there is something to continue
         resume = "auto" if why else None
     if not resume and why:
-        raise UserError(why)  # never overwrite (and prune) another run's checkpoints
+        raise UserError(why)
     log = RunLog(run_dir if rank == 0 else None, cfg.log)
+    state = TrainState(world=comm.size)
+    if rank == 0:  # an MPI abort ends this process without the finally below
+        dist.on_abort(lambda msg: log.set_status("failed", epoch=state.epoch,
+                                                 step=state.step, error=msg))
     log.write_text("config.toml", resolved)
     if comm.size > 1:
         log.info(collectives.rank_roster(comm))
     log_skipped(log, cfg, train_ds, keep, val_ds, val_keep)
 
     # ---- model, optimizer, plan size and the step's machinery (same weights everywhere)
+    check_memory(cfg.model, train_ds.frame_size, train_ds.num_labels,
+                 5 + workers * tc.tasks_per_worker, memory_bytes(device))
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model, train_ds.frame_size, train_ds.num_labels,
                         train_ds.frame_height)
@@ -105,7 +128,7 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
     collectives.agree(comm, steps_per_epoch, "steps per epoch")
     if note := remainder_note(train_ds, keep, comm.size, tc.plan, tc.batch_frames, tc.seed):
         log.info(note)
-    state, stop, bar, feed = TrainState(), StopFlag(), None, None
+    stop, bar, feed = StopFlag(), None, None
     runner = StepRunner(cfg, model, opt, comm, device, workers, train_ds,
                         steps_per_epoch * tc.epochs)
     try:
@@ -115,10 +138,13 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                 state.load_state_dict(ck["state"])
                 log.info(f"resumed from {ck['path']} at epoch {state.epoch + 1} "
                          f"step {state.step}")
+        rerank_note = state.on_ranks(comm.size)
         state = runner.start(model, state)  # rank 0's weights/optimizer/state, checksummed
         if resume and (done := finished_note(state, tc, config_path, overrides, run_dir)):
             log.info(done)  # status.json stays finished, with the run's own start time
             return run_dir
+        if rerank_note:
+            log.info(rerank_note)
         log.info(f"rnntrain: {count_params(model):,} parameters, {train_ds.num_seqs} train "
                  f"sequences ({int(train_ds.lengths[keep].sum()):,} frames), {steps_per_epoch}"
                  f" steps/epoch, {comm.size} rank(s) x {workers} worker(s) x "
@@ -127,7 +153,10 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
         save = partial(save_checkpoint, log, cfg, model, opt, train_ds, runner)
         log.set_status("running", resumed=bool(resume))
         for epoch in range(state.epoch, tc.epochs):
-            plan = plan_for(epoch)
+            # an epoch interrupted on another rank count goes on over the sequences left
+            plan = plan_for(epoch) if not state.parts else resumed_plan(
+                train_ds, keep, tc.batch_frames, tc.seed, epoch, rank, comm.size,
+                state.parts, tc.round_lengths, tc.plan)
             feed = EpochFeed(train_ds, plan, epoch, state.pos, state.step)
             bar = tqdm(total=len(plan), initial=state.pos, desc=f"epoch {epoch + 1}/{tc.epochs}",
                        unit="step", disable=rank != 0 or not log.bar, dynamic_ncols=True,
@@ -155,8 +184,10 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                     last_ckpt = time.monotonic()
                 if stopping:
                     bar.close()
+                    hint = resume_hint(config_path, overrides, run_dir,
+                                       dist.launcher_prefix(comm.size))
                     log.info(f"stopped by {stop.signal} after step {state.step}; checkpoint "
-                             f"saved; resume with: {resume_hint(config_path, overrides, run_dir)}")
+                             f"saved; resume with: {hint}")
                     return run_dir
             bar.close()
             feed.close()
@@ -169,9 +200,13 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
                 summ = validate(log, model, val_ds, val_keep, cfg, device, comm, workers, epoch,
                                 state.step)
                 improved = state.record_validation(summ["ler"], summ["loss"])
-            save(state, "last.pt")
+            # best.pt before last.pt: last.pt records the new best score, so once it is
+            # written a resume never validates this epoch again; a kill between the two
+            # writes resumes from an older position and rewrites the same best.pt
             if improved:
                 save(state, "best.pt")
+                pause_point("best", state.step)
+            save(state, "last.pt")
             if tc.patience and state.since_best >= tc.patience:
                 log.info(f"early stop: no improvement in {tc.patience} validations")
                 break
@@ -187,6 +222,7 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
         trace.finish(comm.rank, comm.size, lambda ev: collectives.gather_all(comm, ev),
                      failed=sys.exc_info()[0] is not None)
         log.finish(sys.exc_info()[1], stop.signal, state.state_dict())
+        dist.on_abort(None)
         log.close()
 
 

@@ -1,0 +1,558 @@
+"""Dependable at the edges: run-folder ownership, the best model after a kill, confined
+and verified manifests, hostile files and values (docs/reliability.md lists each).
+
+Real processes, real files, real FIFOs: a test that opens a FIFO by mistake hangs, so
+those run under an alarm or a subprocess timeout.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import tomllib
+from pathlib import Path
+
+import netCDF4
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from rnntrain.config import Config, ConfigError, load_config, to_toml, validate
+from rnntrain.data.dataset import Dataset
+from rnntrain.errors import DataError, UserError
+from tests.badinput import good_parts, write_nc
+from tests.conftest import ROOT, run_cli
+from tests.test_bad_input import assert_clean_error, config
+from tests.test_fuzz import alarm
+
+
+# ---------------------------------------------------------------- run folder ownership
+
+class Paused:
+    """A training subprocess blocked at an RNNTRAIN_TEST_PAUSE point (killed on exit)."""
+
+    def __init__(self, cmd, pause: str, timeout: float = 240):
+        env = dict(os.environ, PYTHONPATH=str(ROOT), RNNTRAIN_TEST_PAUSE=pause)
+        self.p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.watchdog = threading.Timer(timeout, self.kill)
+        self.watchdog.start()
+        self.err = []
+        for line in self.p.stderr:
+            self.err.append(line)
+            if "rnntrain: paused at" in line:
+                self.pid = int(re.search(r"pid (\d+)", line).group(1))
+                return
+        self.kill()
+        raise AssertionError("the run ended before pausing:\n" + "".join(self.err)[-3000:])
+
+    def kill(self):
+        try:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.p.wait()
+        self.watchdog.cancel()
+
+
+def _train_cmd(cfg, run, *extra):
+    return [sys.executable, "-m", "rnntrain", "train", str(cfg), f"run.dir={run}", *extra]
+
+
+def _cfg(tmp_path, synth_pair, test=False, **train):
+    tr, val = synth_pair
+    extra = "".join(f"{k} = {v}\n" for k, v in train.items())
+    p = tmp_path / "exp.toml"
+    p.write_text(f'[data]\ntrain = "{tr}"\nval = "{val}"\n'
+                 + (f'test = "{val}"\n' if test else "")
+                 + "[model]\nlayers = 1\nhidden = 12\n[optim]\nlr = 0.01\n"
+                 f"[train]\nepochs = 2\nbatch_frames = 1500\nlog_every = 1\nthreads = 1\n"
+                 f"input_noise = 0.1\n{extra}[checkpoint]\nevery_steps = 2\nkeep_last = 2\n")
+    return p
+
+
+@pytest.mark.slow
+def test_second_training_on_a_live_run_folder_stops_at_once(tmp_path, synth_pair):
+    """Run A is alive inside a checkpoint write (its temp file on disk). A second fresh
+    run and a --resume on the same folder stop at once naming A (host, pid, start time)
+    and leave A's temp file alone; once A is dead, --resume takes over and cleans up."""
+    cfg, run = _cfg(tmp_path, synth_pair), tmp_path / "run"
+    a = Paused(_train_cmd(cfg, run), "ckpt:4")  # step-2 checkpoint complete
+    try:
+        temps = list((run / "checkpoints").glob(".*.tmp*"))
+        assert temps, "the paused write should have its temp file"
+        for extra in ((), ("--resume",)):
+            p = subprocess.run(_train_cmd(cfg, run, *extra), cwd=ROOT, capture_output=True,
+                               text=True, timeout=120, env=dict(os.environ,
+                                                                PYTHONPATH=str(ROOT)))
+            msg = assert_clean_error(p, f"run folder {run} is in use by another training",
+                                     f"pid {a.pid}", "started")
+            assert "host " in msg
+            assert all(t.exists() for t in temps), "a refused run touched the live run's files"
+        assert a.p.poll() is None, "the live run must survive"
+        status = json.loads((run / "status.json").read_text())
+        assert status["status"] == "running" and status["pid"] == a.pid
+    finally:
+        a.kill()
+    p = subprocess.run(_train_cmd(cfg, run, "--resume"), cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert not list(run.rglob(".*.tmp*"))
+    assert json.loads((run / "status.json").read_text())["status"] == "finished"
+
+
+def test_run_lock_is_released_when_the_holder_dies(tmp_path):
+    """flock belongs to the process: a holder killed with SIGKILL frees the folder."""
+    code = ("import sys, time; from pathlib import Path; from rnntrain.run.runlog import "
+            "RunLock; RunLock(Path(sys.argv[1])).acquire(); print('held', flush=True); "
+            "time.sleep(600)")
+    p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT,
+                         stdout=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        assert p.stdout.readline().strip() == "held"
+        from rnntrain.run.runlog import RunLock
+        with pytest.raises(UserError, match=f"pid {p.pid}"):
+            RunLock(tmp_path).acquire()
+    finally:
+        p.kill()
+        p.wait()
+    with RunLock(tmp_path) as lock:
+        assert lock.held
+    assert not lock.held
+
+
+# ---------------------------------------------------------------- best model after a kill
+
+@pytest.mark.slow
+def test_kill_between_best_and_last_keeps_best_model_exact(tmp_path, synth_pair):
+    """SIGKILL after best.pt and before last.pt of epoch 1, then --resume: best.pt is
+    bit-identical to an uninterrupted run's, and data.test is scored on it alike."""
+    cfg = _cfg(tmp_path, synth_pair, test=True)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    ref = tmp_path / "ref"
+    p = subprocess.run(_train_cmd(cfg, ref), cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    recs = [json.loads(x) for x in (ref / "metrics.jsonl").read_text().splitlines()]
+    end1 = next(r["step"] for r in recs if r["split"] == "val")  # last step of epoch 1
+    run = tmp_path / "run"
+    Paused(_train_cmd(cfg, run), f"best:{end1}").kill()
+    # the window: epoch 1's best.pt written, its last.pt not
+    assert (run / "checkpoints" / "best.pt").exists()
+    assert not (run / "checkpoints" / "last.pt").exists()
+    p = subprocess.run(_train_cmd(cfg, run, "--resume"), cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    a = torch.load(ref / "checkpoints" / "best.pt", weights_only=True)
+    b = torch.load(run / "checkpoints" / "best.pt", weights_only=True)
+    assert a["state"] == b["state"]
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    test = [[r for r in (json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines())
+             if r["split"] == "test"] for d in (ref, run)]
+    assert len(test[0]) == 1 and test[1][-1]["ler"] == test[0][0]["ler"] \
+        and test[1][-1]["loss"] == test[0][0]["loss"]
+
+
+# ---------------------------------------------------------------- manifests
+
+@pytest.fixture
+def sharded(tmp_path, synth_pair):
+    from data_tools.shard import shard
+    man = shard([str(synth_pair[0])], 2, str(tmp_path / "ds"), chunk_seqs=12)
+    return Path(man)
+
+
+def _edit(man: Path, fn):
+    m = json.loads(man.read_text())
+    fn(m)
+    man.write_text(json.dumps(m))
+
+
+@pytest.mark.parametrize("where", ["chunk", "index"])
+@pytest.mark.parametrize("how", ["absolute", "dotdot", "symlink"])
+def test_manifest_paths_confined_before_opening(tmp_path, sharded, where, how):
+    """A path leading out of the dataset folder is refused before it is opened or
+    hashed: the outside target is a FIFO, which would block any open()."""
+    outside = tmp_path / "outside.fifo"
+    os.mkfifo(outside)
+    root = sharded.parent
+    if how == "absolute":
+        rel = str(outside)
+    elif how == "dotdot":
+        rel = "../outside.fifo"
+    else:
+        (root / "link").symlink_to(tmp_path)
+        rel = "link/outside.fifo"
+
+    def put(m):
+        if where == "index":
+            m["index"]["file"] = rel
+        else:
+            m["shards"][1]["chunks"][0]["file"] = rel
+    _edit(sharded, put)
+    with alarm(20), pytest.raises(UserError) as e:
+        Dataset.open(str(root))
+    assert "outside.fifo" in str(e.value) and str(sharded) in str(e.value)
+
+
+def test_swapped_chunk_entries_fail_naming_the_chunk(sharded):
+    """Chunk files swapped between shards (checksums swapped with them, so sha256 agrees)
+    are caught by the always-on header check against the index, naming the chunk."""
+    def swap(m):
+        a, b = m["shards"][0]["chunks"][0], m["shards"][1]["chunks"][0]
+        for k in ("file", "sha256", "bytes"):
+            a[k], b[k] = b[k], a[k]
+    _edit(sharded, swap)
+    m = json.loads(sharded.read_text())
+    ds = Dataset.open(str(sharded.parent))
+    k = ds.shards[0][0]
+    with pytest.raises(DataError) as e:
+        ds.load_chunk(k)
+    assert m["shards"][0]["chunks"][0]["file"] in str(e.value)
+    assert "manifest index" in str(e.value)
+
+
+# ---------------------------------------------------------------- hostile files
+
+def _nc4_unwritten(path, skip: str, big: int = 0):
+    """A netCDF-4 file with the RNNLIB layout where ``skip`` was never written; ``big``
+    (if set) is the numSeqs/numTimesteps claimed, with nothing written for them."""
+    parts = good_parts()
+    n, t = len(parts["lengths"]), len(parts["inputs"])
+    with netCDF4.Dataset(str(path), "w", format="NETCDF4") as ds:
+        for name, size in (("numSeqs", big or n), ("numTimesteps", big or t),
+                           ("inputPattSize", 3), ("numLabels", 3), ("maxLabelLength", 4),
+                           ("maxTargStringLength", 8)):
+            ds.createDimension(name, size)
+        v = {"inputs": ds.createVariable("inputs", "f4", ("numTimesteps", "inputPattSize")),
+             "seqLengths": ds.createVariable("seqLengths", "i4", ("numSeqs",)),
+             "labels": ds.createVariable("labels", "S1", ("numLabels", "maxLabelLength")),
+             "targetStrings": ds.createVariable("targetStrings", "S1",
+                                                ("numSeqs", "maxTargStringLength"))}
+        if big:
+            return path
+        from tests.badinput import chars
+        vals = {"inputs": parts["inputs"], "seqLengths": parts["lengths"],
+                "labels": chars(parts["labels"], 4),
+                "targetStrings": chars(parts["targets"], 8)}
+        for name, var in v.items():
+            if name != skip:
+                var[:] = vals[name]
+    return path
+
+
+@pytest.mark.parametrize("skip", ["inputs", "seqLengths"])
+def test_netcdf4_unwritten_variable_named(tmp_path, skip):
+    path = _nc4_unwritten(tmp_path / "x.nc", skip)
+    with pytest.raises(DataError, match=f"variable '{skip}'.*fill value"):
+        ds = Dataset.open(str(path))
+        ds.load_chunk(0)
+
+
+def test_claims_larger_than_the_file_refused_before_allocating(tmp_path):
+    """numSeqs = numTimesteps = 10^10 in a 20 KB file: reading seqLengths would allocate
+    40 GB. A clean error instead, quickly."""
+    path = _nc4_unwritten(tmp_path / "huge.nc", "", big=10**10)
+    with alarm(30), pytest.raises(DataError, match="declares .* bytes .* but the file has"):
+        Dataset.open(str(path))
+
+
+def test_fifo_and_device_refused_before_opening(tmp_path, synth_pair):
+    fifo = tmp_path / "data.fifo"
+    os.mkfifo(fifo)
+    with alarm(20):
+        for bad in (fifo, Path("/dev/zero")):
+            with pytest.raises(UserError, match="not a regular file"):
+                Dataset.open(str(bad))
+        with pytest.raises(ConfigError, match="FIFO"):
+            load_config(str(fifo))
+    p = run_cli("rnntrain", "train", config(tmp_path, fifo), f"run.dir={tmp_path / 'r'}",
+                timeout=120)
+    assert_clean_error(p, str(fifo), "FIFO (named pipe), not a regular file")
+    p = run_cli("rnntrain", "eval", fifo, synth_pair[1], timeout=120)
+    assert_clean_error(p, str(fifo), "checkpoint is a FIFO")
+
+
+def _zero_seq_nc(path):
+    with netCDF4.Dataset(str(path), "w") as ds:
+        for d, v in (("numSeqs", 0), ("numTimesteps", 0), ("inputPattSize", 3),
+                     ("numLabels", 2), ("maxLabelLength", 2), ("maxTargStringLength", 4)):
+            ds.createDimension(d, v)
+        ds.createVariable("inputs", "f4", ("numTimesteps", "inputPattSize"))
+        ds.createVariable("seqLengths", "i4", ("numSeqs",))
+        ds.createVariable("labels", "S1", ("numLabels", "maxLabelLength"))[:] = \
+            np.array([[b"a", b"\0"], [b"b", b"\0"]])
+        ds.createVariable("targetStrings", "S1", ("numSeqs", "maxTargStringLength"))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A finished tiny run on 3-feature, 3-label data (checkpoints for eval cases)."""
+    d = tmp_path_factory.mktemp("tiny")
+    data = write_nc(d / "good.nc", good_parts())
+    p = run_cli("rnntrain", "train", config(d, data), f"run.dir={d / 'run'}")
+    assert p.returncode == 0, p.stderr[-2000:]
+    return data, d / "run"
+
+
+def test_zero_sequences_in_train_eval_inspect(tmp_path, tiny_run):
+    zero = _zero_seq_nc(tmp_path / "zero.nc")
+    p = run_cli("rnntrain", "train", config(tmp_path, zero), f"run.dir={tmp_path / 'r'}")
+    assert_clean_error(p, str(zero), "numSeqs", "no sequences")
+    assert not (tmp_path / "r").exists(), "bad data must not leave a run folder behind"
+    p = run_cli("rnntrain", "eval", tiny_run[1] / "checkpoints" / "last.pt", zero)
+    assert_clean_error(p, str(zero), "no sequences")
+    p = run_cli("data_tools", "inspect", zero)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "no sequences" in p.stderr
+
+
+def test_inspect_reports_nonfinite_inputs(tmp_path):
+    parts = good_parts()
+    parts["inputs"][parts["lengths"][0] + 3, 1] = np.nan   # sequence 1
+    parts["inputs"][-1, 0] = np.inf                         # the last sequence
+    path = write_nc(tmp_path / "nan.nc", parts)
+    p = run_cli("data_tools", "inspect", path)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "2 sequences have NaN or Inf inputs" in p.stdout and "utt1, utt5" in p.stdout
+
+
+def test_config_not_utf8(tmp_path):
+    p = tmp_path / "latin1.toml"
+    p.write_bytes('[run]\nname = "caf\u00e9"\n'.encode("latin-1"))
+    r = run_cli("rnntrain", "train", p)
+    assert_clean_error(r, str(p), "not UTF-8", "line 2")
+
+
+@pytest.mark.parametrize("cut", [4, 20, 30, 40])
+def test_truncated_wav_header(tmp_path, cut):
+    import io
+    from scipy.io import wavfile
+    from data_tools.audio import read_wav
+    b = io.BytesIO()
+    wavfile.write(b, 8000, np.zeros(800, np.int16))
+    path = tmp_path / "cut.wav"
+    path.write_bytes(b.getvalue()[:cut])
+    with pytest.raises(UserError, match=f"{path}: cannot read as WAV"):
+        read_wav(str(path))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["empty", "truncated", "foreign", "stateless"])
+def test_bad_checkpoints_in_eval_and_resume(tmp_path, tiny_run, kind):
+    """Each one clean line in eval; --resume auto names it and falls back past it."""
+    data, src = tiny_run
+    run = tmp_path / "run"
+    shutil.copytree(src, run)
+    (run / "lock").unlink()
+    last = run / "checkpoints" / "last.pt"
+    ck = torch.load(last, weights_only=True)
+    bad = run / "checkpoints" / f"step-{ck['state']['step'] + 5:08d}.pt"
+    if kind == "empty":
+        bad.write_bytes(b"")
+    elif kind == "truncated":
+        bad.write_bytes(last.read_bytes()[:1000])
+    elif kind == "foreign":
+        torch.save({"weights": torch.zeros(3)}, bad)
+    else:
+        torch.save({k: v for k, v in ck.items() if k != "state"}, bad)
+    p = run_cli("rnntrain", "eval", bad, data)
+    if kind == "stateless":  # eval needs no training position: it scores the weights
+        assert p.returncode == 0, p.stderr[-2000:]
+    else:
+        assert_clean_error(p, str(bad))
+    cfg = config(tmp_path, data)
+    p = run_cli("rnntrain", "train", cfg, f"run.dir={run}", "train.epochs=2", "--resume")
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert f"warning: {bad}" in p.stderr and "falling back to" in p.stderr
+    assert f"resumed from {last}" in p.stderr
+
+
+FULL = """
+import sys
+from pathlib import Path
+from rnntrain.run.runlog import RunLog
+log = RunLog(Path(sys.argv[1]))
+try:
+    log.write_text("config.toml", "x" * 5000)
+except OSError as e:
+    print("ERR", e.filename, e.strerror)
+"""
+
+
+def test_full_disk_names_the_file_and_leaves_no_temp(tmp_path):
+    import resource
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))
+    p = subprocess.run([sys.executable, "-c", FULL, str(tmp_path / "run")], cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
+                       text=True, timeout=60, preexec_fn=limit)
+    assert f"ERR {tmp_path / 'run' / 'config.toml'} File too large" in p.stdout, p
+    assert not list((tmp_path / "run").glob(".*")), "a temp file was left behind"
+    assert not (tmp_path / "run" / "config.toml").exists()
+
+
+# ---------------------------------------------------------------- values
+
+@pytest.mark.parametrize("lr", ["inf", "nan", "-0.1", "0"])
+def test_lr_must_be_finite_and_positive(lr):
+    with pytest.raises(ConfigError, match="optim.lr"):
+        load_config(None, ["data.train=x.nc", f"optim.lr={lr}"])
+
+
+def test_threads_capped_with_warning(capsys):
+    from rnntrain.compute.pool import MAX_THREADS_PER_CORE, cap_threads, usable_cores
+    limit = MAX_THREADS_PER_CORE * usable_cores()
+    assert cap_threads(limit, 1) == limit and capsys.readouterr().err == ""
+    assert cap_threads(10000, 1) == limit
+    assert "train.threads = 10000" in capsys.readouterr().err
+    assert cap_threads(10000, 2, ranks_per_node=2) == max(1, limit // 4)
+
+
+@pytest.mark.parametrize("mcfg", [dict(), dict(bidirectional=False, layers=3, subsample=3),
+                                  dict(cell="peephole", hidden=7)])
+def test_parameter_estimate_matches_the_model(mcfg):
+    from rnntrain.compute.model import build_model, count_params, estimate_params
+    from rnntrain.config import ModelConfig
+    m = ModelConfig(**{"hidden": 10, **mcfg})
+    assert estimate_params(m, 5, 4) == count_params(build_model(m, 5, 4))
+
+
+def test_model_that_cannot_fit_refused_naming_the_key(tmp_path):
+    data = write_nc(tmp_path / "d.nc", good_parts())
+    p = run_cli("rnntrain", "train", config(tmp_path, data), "model.hidden=1000000000",
+                f"run.dir={tmp_path / 'r'}")
+    assert_clean_error(p, "model.hidden = 1000000000", "parameters", "GiB")
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.text(max_size=30))
+def test_config_strings_round_trip_through_toml(text):
+    cfg = Config()
+    cfg.run.name, cfg.data.train = text, text + "/x.nc"
+    try:
+        validate(cfg)
+    except ConfigError as e:  # only undecodable text may be refused here
+        assert "UTF-8" in str(e) or not cfg.data.train
+        return
+    back = tomllib.loads(to_toml(cfg))
+    assert back["run"]["name"] == text and back["data"]["train"] == text + "/x.nc"
+
+
+# ---------------------------------------------------------------- MPI: resume, failures
+
+def test_resumed_plan_covers_the_epoch_exactly_once(synth_pair):
+    """An epoch interrupted on 2 ranks after 3 steps, resumed on 3 ranks for 2 steps,
+    then finished alone: every kept sequence is trained exactly once, against the plain
+    set of kept ids (an independent count)."""
+    from rnntrain.data.plan import make_plan, resumed_plan
+    ds = Dataset.open(str(synth_pair[0]))
+    keep = ds.feasible()
+    keep[::7] = False  # some left out, as infeasible ones are
+    seen = []
+    for parts, world, steps in (([], 2, 3), ([(2, 3)], 3, 2), ([(2, 3), (3, 2)], 1, None)):
+        for r in range(world):
+            plan = resumed_plan(ds, keep, 1500, 5, 1, r, world, parts)
+            if not parts:
+                assert plan == make_plan(ds, keep, 1500, 5, 1, r, world)
+            for st in plan[:steps]:
+                seen.extend(st.seqs)
+    assert sorted(seen) == sorted(np.flatnonzero(keep).tolist())
+
+
+def test_resumed_plan_unchanged_without_a_rank_change(synth_pair):
+    from rnntrain.data.plan import make_plan, resumed_plan
+    ds = Dataset.open(str(synth_pair[0]))
+    keep = ds.feasible()
+    assert resumed_plan(ds, keep, 1500, 5, 0, 1, 2, []) == make_plan(ds, keep, 1500, 5, 0, 1, 2)
+
+
+def _mpiexec():
+    from tests.conftest import mpiexec
+    return mpiexec()
+
+
+needs_mpi = pytest.mark.skipif(_mpiexec() is None, reason="mpiexec not found")
+
+
+@pytest.mark.slow
+@needs_mpi
+@pytest.mark.mpi
+def test_resume_on_another_rank_count_trains_each_sequence_once(tmp_path, synth_pair):
+    """2 ranks, killed mid-epoch; resumed alone: the rest of the epoch is re-dealt and
+    the sequences trained in epoch 1 add up to every feasible one, exactly once; the
+    SIGTERM resume hint of an MPI run names the launcher and rank count."""
+    cfg = _cfg(tmp_path, synth_pair)
+    run = tmp_path / "run"
+    two = [_mpiexec(), "-n", "2", *_train_cmd(cfg, run)]
+    Paused(two, "step:5").kill()  # checkpoints at steps 2 and 4
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    ck = torch.load(run / "checkpoints" / "step-00000004.pt", weights_only=True)
+    assert ck["state"]["world"] == 2 and ck["state"]["pos"] == 4
+    first = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    p = subprocess.run(_train_cmd(cfg, run, "train.epochs=1", "--resume"), cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "resumed on 1 rank(s) from a checkpoint written on 2" in p.stderr
+    assert "not bit-identical" in p.stderr
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    second = recs[len(first):]
+    trained = sum(r["seqs"] for r in first if r["split"] == "train" and r["step"] <= 4) + \
+        sum(r["seqs"] for r in second if r["split"] == "train" and r["epoch"] == 0)
+    assert trained == int(Dataset.open(str(synth_pair[0])).feasible().sum())
+    # a stop under MPI: the hint starts the same launcher with the same rank count
+    run2 = tmp_path / "run2"
+    e = dict(env, RNNTRAIN_TEST_PAUSE="")
+    p = subprocess.Popen([_mpiexec(), "-n", "2", *_train_cmd(cfg, run2)], cwd=ROOT, env=e,
+                         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    err = []
+    for line in p.stderr:
+        err.append(line)
+        if "step/s" in line and p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            break
+    err.append(p.stderr.read())
+    p.wait(timeout=120)
+    text = "".join(err)
+    assert f"resume with: mpiexec -n 2 rnntrain train {cfg}" in text, text[-2000:]
+
+
+@pytest.mark.slow
+@needs_mpi
+@pytest.mark.mpi
+def test_mpi_abort_leaves_status_failed_with_the_reason(tmp_path, synth_pair):
+    """A rank raising at step 3 ends the job; status.json (written by rank 0) says
+    failed, naming the rank and the error, not running."""
+    cfg = _cfg(tmp_path, synth_pair)
+    run = tmp_path / "run"
+    p = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "tests/mpi_fault.py", "1",
+                        "raise", "3", str(cfg), f"run.dir={run}"], cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
+                       text=True, timeout=180)
+    assert p.returncode != 0
+    st = json.loads((run / "status.json").read_text())
+    assert st["status"] == "failed", st
+    assert "rank 1 of 2" in st["error"] and "injected fault at step 3" in st["error"]
+
+
+def test_audio_list_not_utf8_or_fifo(tmp_path):
+    from data_tools.audio import read_list
+    bad = tmp_path / "l.tsv"
+    bad.write_bytes(b"a.wav\tyes\nb\xff.wav\tno\n")
+    with pytest.raises(UserError, match=r"l.tsv line 2: not UTF-8"):
+        read_list(bad)
+    fifo = tmp_path / "l.fifo"
+    os.mkfifo(fifo)
+    with alarm(10), pytest.raises(UserError, match="FIFO"):
+        read_list(fifo)
