@@ -30,7 +30,7 @@ from rnntrain.data import ncdata
 from rnntrain.data.ncdata import NcWriter
 from rnntrain.frontend import ATTR as FRONTEND_ATTR, FrontEnd, normalise
 from rnntrain.frontend import features as feat
-from rnntrain.frontend.audio import resample
+from rnntrain.frontend.audio import read_npy, resample
 from rnntrain.fsutil import atomic_write
 
 STATS_VERSION = 1
@@ -60,17 +60,24 @@ def read_list(list_path) -> list[Entry]:
         line = data[:e.start].count(b"\n") + 1
         raise UserError(f"{lp} line {line}: not UTF-8 text (byte 0x{data[e.start]:02x})"
                         ) from None
+    out = [Entry(n, path, text.split()) for n, path, text in list_lines(lp, text)]
+    if not out:
+        raise UserError(f"{lp}: no utterances listed")
+    return out
+
+
+def list_lines(lp: Path, text: str) -> list[tuple[int, Path, str]]:
+    """The entries of a LIST.tsv's text: (line number, path resolved against the list's
+    folder, transcript as written); blank lines and ``#`` comments skipped."""
     out = []
     for n, raw in enumerate(text.splitlines(), 1):
         if not raw.strip() or raw.lstrip().startswith("#"):
             continue
         if "\t" not in raw:
             raise UserError(f"{lp} line {n}: expected 'path<TAB>transcript', got {raw[:80]!r}")
-        path, text = raw.split("\t", 1)
+        path, transcript = raw.split("\t", 1)
         p = Path(path.strip())
-        out.append(Entry(n, p if p.is_absolute() else lp.parent / p, text.split()))
-    if not out:
-        raise UserError(f"{lp}: no utterances listed")
+        out.append((n, p if p.is_absolute() else lp.parent / p, transcript))
     return out
 
 
@@ -197,17 +204,7 @@ class ArraySource:
         self.size = size
 
     def features(self, path) -> np.ndarray:
-        if not os.path.isfile(path):
-            raise UserError(f"{path}: file not found")
-        try:
-            x = np.load(path, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as e:
-            raise UserError(f"{path}: cannot read as a .npy array ({e})") from None
-        if x.ndim == 1:
-            x = x[:, None]
-        if x.ndim != 2 or x.dtype.kind not in "iuf" or len(x) == 0:
-            raise UserError(f"{path}: expected a non-empty (frames, features) numeric array, "
-                            f"got shape {x.shape} {x.dtype}")
+        x = read_npy(path)
         if self.size is None:
             self.size = x.shape[1]
         if x.shape[1] != self.size:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from data_tools.audio import list_lines
 from rnntrain.data import ncdata
 from rnntrain.errors import UserError
 
@@ -60,15 +61,8 @@ def read_list(list_path) -> list[Item]:
     lp = Path(list_path)
     if not lp.is_file():
         raise UserError(f"{lp}: list file not found")
-    out = []
-    for n, raw in enumerate(lp.read_text(encoding="utf-8").splitlines(), 1):
-        if not raw.strip() or raw.lstrip().startswith("#"):
-            continue
-        if "\t" not in raw:
-            raise UserError(f"{lp} line {n}: expected 'path<TAB>transcript', got {raw[:80]!r}")
-        path, text = raw.split("\t", 1)
-        p = Path(path.strip())
-        out.append(Item(n, p if p.is_absolute() else lp.parent / p, text))
+    out = [Item(n, path, text) for n, path, text in
+           list_lines(lp, lp.read_text(encoding="utf-8"))]
     if not out:
         raise UserError(f"{lp}: no images listed")
     return out

@@ -52,3 +52,19 @@ def load_signal(path, rate: int) -> np.ndarray:
     """Read ``path`` and bring it to ``rate`` Hz: (S,) float64."""
     r, x = read_audio(path)
     return resample(x, r, rate)
+
+
+def read_npy(path) -> np.ndarray:
+    """A feature array file → (T, F) numeric array (a 1-D file is one feature per frame)."""
+    if not os.path.isfile(path):
+        raise UserError(f"{path}: file not found")
+    try:
+        x = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise UserError(f"{path}: cannot read as a .npy array ({e})") from None
+    if x.ndim == 1:
+        x = x[:, None]   # one feature per frame, as the converter reads it
+    if x.ndim != 2 or x.dtype.kind not in "iuf" or len(x) == 0:
+        raise UserError(f"{path}: expected a non-empty (frames, features) numeric array, got "
+                        f"shape {x.shape} {x.dtype}")
+    return x

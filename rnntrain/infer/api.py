@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from rnntrain.errors import UserError
+from rnntrain.frontend.audio import read_npy
 
 AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aif", ".aiff", ".au",
                   ".caf", ".w64", ".rf64"}
@@ -256,16 +257,3 @@ def pcm_to_float(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float64)
 
 
-def read_npy(path: Path) -> np.ndarray:
-    if not path.is_file():
-        raise UserError(f"{path}: file not found")
-    try:
-        x = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
-        raise UserError(f"{path}: cannot read as a .npy array ({e})") from None
-    if x.ndim == 1:
-        x = x[:, None]   # one feature per frame, as the converter reads it
-    if x.ndim != 2 or x.dtype.kind not in "iuf" or len(x) == 0:
-        raise UserError(f"{path}: expected a non-empty (frames, features) numeric array, got "
-                        f"shape {x.shape} {x.dtype}")
-    return x
