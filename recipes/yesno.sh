@@ -25,6 +25,7 @@ if [ ! -f "$OUT/test.nc" ]; then
         "$PY" -m data_tools audio --list "$OUT/$s.tsv" --out "$OUT/$s.nc" --stats "$OUT/stats.json"
     done
 fi
+[ "${DATA_ONLY:-0}" = 1 ] && exit 0   # DATA_ONLY=1: make the data, train nothing (yesno_lm.sh)
 
 RUN=runs/yesno
 if [ -e "$RUN/checkpoints/last.pt" ]; then

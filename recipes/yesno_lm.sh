@@ -10,19 +10,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA_ROOT="${1:-${RNNTRAIN_DATA:-../shared/data}}"
-REC="$DATA_ROOT/yesno/waves_yesno"
 OUT=data/yesno
-[ -d "$REC" ] || { echo "yesno_lm.sh: no YesNo recordings at $REC (pass the data root)" >&2; exit 2; }
+# the project's environment, set up on first use as run_train.sh does ($PYTHON: your own)
+[ -n "${PYTHON:-}" ] || source scripts/env.sh
 PY="${PYTHON:-python}"
-
-if [ ! -f "$OUT/test.nc" ]; then
-    "$PY" -m data_tools yesno-lists --recordings "$REC" --out "$OUT" --seed 1 --test 15 --val 5
-    "$PY" -m data_tools audio --list "$OUT/train.tsv" --out "$OUT/train.nc" \
-        --features fbank --save-stats "$OUT/stats.json"
-    for s in val test; do
-        "$PY" -m data_tools audio --list "$OUT/$s.tsv" --out "$OUT/$s.nc" --stats "$OUT/stats.json"
-    done
-fi
+DATA_ONLY=1 PYTHON="$PY" recipes/yesno.sh "$DATA_ROOT"   # the YesNo recipe's own data
 RUN=runs/yesno_lm
 if [ ! -e "$RUN/checkpoints/last.pt" ]; then
     "$PY" -m rnntrain train configs/yesno.toml train.epochs=8 "run.dir=\"$RUN\""
