@@ -93,7 +93,7 @@ def _cmd_eval(args) -> int:
                         f"for its target (subsampling {total_subsample(cfg.model)}): nothing "
                         "to score")
     counts = evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev,
-                      decoder=decoder, space=space, threads=threads)
+                      decoder=decoder, space=space, threads=threads, workers=threads)
     out = {k: c.summary() for k, c in counts.items()}
     if decoder is not None:
         out["beam"]["decoder"] = decoder.describe()
@@ -125,7 +125,7 @@ def _cmd_decode(args) -> int:
     keep = np.ones(ds.num_seqs, dtype=bool)
     hyps: dict[int, list[int]] = {}
     evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev,
-             decoder=decoder, space=space, threads=threads,
+             decoder=decoder, space=space, threads=threads, workers=threads,
              on_hyp=lambda s, h: hyps.__setitem__(s, h), score=False)
     lines = [f"{ds.tag(i)}\t{' '.join(labels[k] for k in hyps[i])}\n"
              for i in range(ds.num_seqs)]

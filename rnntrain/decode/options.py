@@ -28,7 +28,8 @@ def add_decoder_arguments(p, default_threads: int = 0) -> None:
     p.add_argument("--word-bonus", type=float, default=0.0,
                    help="added per word (per label without --space); default 0")
     p.add_argument("--threads", type=positive_int, default=default_threads,
-                   help="threads decoding sequences in parallel (default: the CPU count)")
+                   help="threads running the network and decoding in parallel (default: "
+                        "the CPU count)")
 
 
 def decoder_from_args(args, labels: Sequence[str], blank: int) -> "Decoder | None":

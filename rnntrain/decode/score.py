@@ -5,6 +5,7 @@ is a tuple of labels, so word error rates use the same functions on word sequenc
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -163,6 +164,29 @@ class ErrorCounts:
             hw = [split_words(h, space) for h in hyps]
             self.word_errors += int(label_errors(rw, hw).sum())
             self.ref_words += sum(len(w) for w in rw)
+
+    def add_keys(self, refs: Sequence[str], hyps: Sequence[str], space: int | None = None):
+        """Like ``add_batch``, for label sequences given as str keys (``padded_as_strings``,
+        ``ragged_as_strings``: label k is code point k + 1): no per-label Python, and words
+        are split by ``str.split`` at the separator's code point."""
+        s, d, i = edit_ops_batch(refs, hyps)
+        self.sub += int(s.sum())
+        self.dels += int(d.sum())
+        self.ins += int(i.sum())
+        self.ref_labels += sum(map(len, refs))
+        self.seqs += len(refs)
+        self.seq_errors += int(((s + d + i) > 0).sum())
+        if space is not None:
+            sep = chr(space + 1)
+            rw = [[w for w in r.split(sep) if w] for r in refs]
+            hw = [[w for w in h.split(sep) if w] for h in hyps]
+            self.word_errors += int(label_errors(rw, hw).sum())
+            self.ref_words += sum(map(len, rw))
+
+    def merge(self, other: "ErrorCounts"):
+        """Add ``other``'s counts (and loss sum) to these."""
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     def as_array(self) -> np.ndarray:
         return np.array([self.sub, self.dels, self.ins, self.ref_labels, self.seqs,

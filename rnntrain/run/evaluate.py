@@ -1,30 +1,100 @@
 """Evaluation: CTC loss, best-path (and beam) decoding, label error rates.
 
-Used for validation during training and by ``rnntrain eval`` / ``rnntrain decode``.
+Used for validation during training and by ``rnntrain eval`` / ``rnntrain decode`` /
+``rnntrain tune-decoder``. Forward only (``torch.inference_mode``), in batches of
+``EVAL_BATCH_SCALE`` x the training batch's padded frames, on the worker pool: each worker
+takes a whole batch (forward, CTC loss, best path, edit distances, beam search) with one
+intra-op thread, so one worker's decoding and scoring overlap the other's forward. The
+per-batch counts are merged in plan order, so the result does not depend on the timing.
 Under MPI each rank evaluates its dealt share of every batch and the counts are summed.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import torch
 
-from rnntrain.decode.score import ErrorCounts
-from rnntrain.decode.search import best_path_batch
+from rnntrain.compute.model import ctc_loss_sum
+from rnntrain.compute.pool import Task, WorkerPool, default_threads, intra_threads
+from rnntrain.compute.tasks import collate
 from rnntrain.data.plan import make_plan
 from rnntrain.data.reader import ChunkReader
-from rnntrain.compute.tasks import collate
-from rnntrain.compute.model import ctc_loss_sum
+from rnntrain.decode.score import ErrorCounts, padded_as_strings, ragged_as_strings
+from rnntrain.decode.search import best_path_batch
 from rnntrain.parallel.collectives import sum_over_ranks
 
+# Evaluation batches hold this many times train.batch_frames padded frames. No gradient,
+# no autograd graph and no per-task gradient buffer is kept, so a forward pass over a
+# batch holds a few layers' outputs (T x N x 2H floats) where training holds every
+# layer's gates and states for the backward: with two workers each running a batch this
+# large the activations stay below one training step's (docs/threads.md, "Validation").
+EVAL_BATCH_SCALE = 2
 
-@torch.no_grad()
+
+@dataclass
+class _Scored:
+    """One batch's figures (``counts``), plus what the caller's callbacks need."""
+    counts: dict
+    hyps: list | None = None          # N label lists (the decoder's when there is one)
+    log_probs: np.ndarray | None = None  # (T', N, C) float32
+    lengths: np.ndarray | None = None    # (N,) output frames
+
+
+@dataclass
+class _BatchScorer:
+    """The worker function: one batch through the network, decoded and scored."""
+    model: torch.nn.Module
+    device: torch.device
+    decoder: object = None
+    space: int | None = None
+    score: bool = True
+    want_hyps: bool = False
+    want_log_probs: bool = False
+    decode_threads: int = 1
+
+    def __call__(self, worker: int, task: Task) -> _Scored:
+        frames, targets = task.payload
+        x, lengths = collate(frames)
+        with torch.inference_mode():
+            lp, out_len = self.model(x.to(self.device), lengths)
+            loss = float(ctc_loss_sum(lp, out_len, targets, self.model.blank)) \
+                if self.score else 0.0
+            lp = lp.float().cpu().numpy()                          # (T', N, C)
+        lens = out_len.cpu().numpy()
+        best = ErrorCounts(loss_sum=loss, frames=int(lengths.sum()))
+        refs, _ = ragged_as_strings(targets)
+        bp, n = best_path_batch(lp.argmax(-1), lens, self.model.blank)  # (N, L), (N,)
+        best.add_keys(refs, padded_as_strings(bp, n), self.space)
+        out = _Scored({"best": best}, log_probs=lp if self.want_log_probs else None,
+                      lengths=lens if self.want_log_probs else None)
+        if self.decoder is not None:
+            hyps = self.decoder.decode_batch(lp, lens, self.decode_threads)
+            beam = ErrorCounts()
+            beam.add_keys(refs, ragged_as_strings(
+                [np.asarray(h, np.int64) for h in hyps])[0], self.space)
+            out.counts["beam"] = beam
+            out.hyps = hyps if self.want_hyps else None
+        elif self.want_hyps:
+            out.hyps = [bp[j, : n[j]].tolist() for j in range(len(n))]
+        return out
+
+
+def eval_workers(workers: int, device: torch.device, comm=None) -> int:
+    """Worker threads for evaluation: ``workers``, else this rank's share of the usable
+    cores (as training's default); one on a GPU (one stream)."""
+    if device.type != "cpu":
+        return 1
+    return workers or default_threads(0, 1, comm.local_size if comm is not None else 1)
+
+
 def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.device, comm=None,
              beam: int = 0, on_hyp: Callable[[int, list[int]], None] | None = None,
              decoder=None, space: int | None = None, threads: int = 1,
              on_log_probs: Callable[[list[int], np.ndarray, np.ndarray], None] | None = None,
-             score: bool = True) -> dict[str, ErrorCounts]:
+             score: bool = True, workers: int = 0, intra: int = 1,
+             batch_scale: int = EVAL_BATCH_SCALE) -> dict[str, ErrorCounts]:
     """Score ``ds`` (only sequences with keep[i]); returns {"best": counts[, "beam": counts]}.
 
     "beam" is the ``decoder``'s (a ``decode.beam.Decoder``: beam search, lexicon, LM), or a
@@ -34,8 +104,13 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
     in plan order; on_log_probs(seq ids, log_probs (T, N, C), lengths (N,)) with each
     batch's network output (``tune-decoder`` keeps them to decode again). score=False
     (decoding: targets absent or not needed) skips the CTC loss.
+
+    ``workers`` threads (0: this rank's cores, see ``eval_workers``) each score whole
+    batches of ``batch_scale`` x ``batch_frames`` padded frames with ``intra`` intra-op
+    threads; ``threads``: the decoder's threads when one worker decodes alone.
     """
     rank, world = (comm.rank, comm.size) if comm is not None else (0, 1)
+    workers = eval_workers(workers, device, comm)
     was_training = model.training
     model.eval()
     if decoder is None and beam:
@@ -45,39 +120,43 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
     if decoder is not None:
         counts["beam"] = ErrorCounts()
     counts["best"].skipped = int((~keep).sum()) if rank == 0 else 0
-    steps = make_plan(ds, keep, batch_frames, seed=0, epoch=0, rank=rank, world=world,
-                      shuffle=False)
+    steps = make_plan(ds, keep, batch_frames * batch_scale, seed=0, epoch=0, rank=rank,
+                      world=world, shuffle=False)
     by_chunk: dict[int, list] = {}
     for s in steps:
-        by_chunk.setdefault(s.chunk, []).append(s.seqs)
+        if s.seqs:  # a rank's share of a small batch may be empty
+            by_chunk.setdefault(s.chunk, []).append(s.seqs)
+    scorer = _BatchScorer(model, device, decoder, space, score, want_hyps=on_hyp is not None,
+                          want_log_probs=on_log_probs is not None,
+                          decode_threads=threads if workers == 1 else 1)
     reader = ChunkReader(ds.load_chunk, list(by_chunk))
     try:
-        for _ in range(len(by_chunk)):
-            k, payload = reader.next()
-            for seqs in by_chunk[k]:
-                if not seqs:
-                    continue
-                x, lengths = collate([payload[s] for s in seqs])
-                lp, out_len = model(x.to(device), lengths)
-                targets = [ds.targets[s] for s in seqs]
-                loss = float(ctc_loss_sum(lp, out_len, targets, model.blank)) if score else 0.0
-                lp = lp.float().cpu().numpy()
-                c = counts["best"]
-                c.loss_sum += loss
-                c.frames += int(lengths.sum())
-                refs = [t.tolist() for t in targets]
-                lens = out_len.cpu().numpy()
-                bp, n = best_path_batch(lp.argmax(-1), lens, model.blank)  # (N, L), (N,)
-                hyps = [bp[j, : n[j]].tolist() for j in range(len(seqs))]
-                c.add_batch(refs, hyps, space)
-                if on_log_probs is not None:
-                    on_log_probs(list(seqs), lp, lens)
-                if decoder is not None:
-                    hyps = decoder.decode_batch(lp, lens, threads)
-                    counts["beam"].add_batch(refs, hyps, space)
-                if on_hyp is not None:
-                    for sid, h in zip(seqs, hyps):
-                        on_hyp(sid, h)
+        # the pool sets the process-wide intra-op count: restored on the way out
+        with intra_threads(torch.get_num_threads()), \
+                WorkerPool(scorer, workers, intra, name="rnntrain-eval",
+                           inline=workers == 1) as pool:
+            for _ in range(len(by_chunk)):
+                k, payload = reader.next()
+                batches = by_chunk[k]
+                # costliest first in the queue (padded frames), merged back in plan order
+                order = sorted(range(len(batches)), key=lambda i: -len(batches[i]) * max(
+                    len(payload[s]) for s in batches[i]))
+                tasks = [Task(j, batches[i], ([payload[s] for s in batches[i]],
+                                              [ds.targets[s] for s in batches[i]]))
+                         for j, i in enumerate(order)]
+                results, _ = pool.run(tasks)
+                payload = tasks = None  # the chunk can go once its batches are scored
+                by_plan = [None] * len(batches)
+                for j, i in enumerate(order):
+                    by_plan[i] = results[j]
+                for seqs, res in zip(batches, by_plan):
+                    for key, c in res.counts.items():
+                        counts[key].merge(c)
+                    if on_log_probs is not None:
+                        on_log_probs(list(seqs), res.log_probs, res.lengths)
+                    if on_hyp is not None:
+                        for sid, h in zip(seqs, res.hyps):
+                            on_hyp(sid, h)
     finally:
         reader.close()
         model.train(was_training)

@@ -22,7 +22,7 @@ from rnntrain.compute.device import autocast_dtype, host_every, memory_bytes, pi
 from rnntrain.compute.model import (build_model, check_memory, count_params, init_uniform,
                                     total_subsample)
 from rnntrain.compute.optim import build_optimizer
-from rnntrain.compute.pool import cap_threads, default_threads, intra_threads
+from rnntrain.compute.pool import cap_threads, default_threads
 from rnntrain.config import Config, to_dict, to_toml
 from rnntrain.data.dataset import Dataset, check_compatible
 from rnntrain.data.plan import make_plan, padding_ratio, remainder_note, resumed_plan
@@ -266,9 +266,14 @@ def validate(log: RunLog, model, val_ds, val_keep, cfg: Config, device, comm, wo
              epoch: int, step: int) -> dict:
     """Score the validation set (every rank; counts summed over ranks), log it, → summary."""
     tc = cfg.train
-    with intra_threads(workers * tc.intra_threads):  # the workers sleep meanwhile
-        summ = evaluate(model, val_ds, val_keep, tc.batch_frames, device, comm)["best"].summary()
-    log.metrics(split="val", epoch=epoch, step=step, **summ)
+    t0 = time.perf_counter()
+    # the training workers sleep meanwhile: evaluation's own workers take the same cores
+    c = evaluate(model, val_ds, val_keep, tc.batch_frames, device, comm, workers=workers,
+                 intra=tc.intra_threads)["best"]
+    seconds = time.perf_counter() - t0
+    summ = c.summary()
+    log.metrics(split="val", epoch=epoch, step=step, **summ, seconds=round(seconds, 3),
+                frames_per_s=c.frames / max(seconds, 1e-9))
     log.info(f"epoch {epoch + 1} val: LER {summ['ler']:.4f} (sub {summ['sub']:.4f} "
              f"del {summ['del']:.4f} ins {summ['ins']:.4f}), seq error "
              f"{summ['seq_error']:.4f}, loss {summ['loss']:.3f}")
@@ -282,9 +287,9 @@ def test_best(log: RunLog, model, train_ds, cfg: Config, device, comm, workers: 
     test_ds = Dataset.open(cfg.data.test, cfg.data.chunk_frames)
     check_compatible(train_ds, test_ds, "training data")
     load_best(log, model, comm)
-    with intra_threads(workers * tc.intra_threads):
-        summ = evaluate(model, test_ds, test_ds.feasible(total_subsample(cfg.model)),
-                        tc.batch_frames, device, comm)["best"].summary()
+    summ = evaluate(model, test_ds, test_ds.feasible(total_subsample(cfg.model)),
+                    tc.batch_frames, device, comm, workers=workers,
+                    intra=tc.intra_threads)["best"].summary()
     log.metrics(split="test", epoch=state.epoch - 1, step=state.step, **summ)
     log.info(f"test ({cfg.data.test}, best checkpoint): LER {summ['ler']:.4f} (sub "
              f"{summ['sub']:.4f} del {summ['del']:.4f} ins {summ['ins']:.4f}), seq "
