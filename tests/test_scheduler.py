@@ -201,6 +201,27 @@ def test_failing_task_names_worker_and_sequences_pool_stays_usable():
     assert set(threading.enumerate()) == before
 
 
+@pytest.mark.parametrize("inline", [False, True])
+def test_submit_returns_while_the_tasks_run_and_wait_gives_them_in_order(inline):
+    """The step splits the next batch between submit and wait: the workers must already
+    be computing (here they block until the caller, after submit, lets them go)."""
+    go = threading.Event()
+
+    def fn(w, task):
+        assert inline or go.wait(30), "submit did not return while the task was pending"
+        return task.seqs[0] * 10
+
+    workers = 1 if inline else 2
+    with WorkerPool(fn, workers, inline=inline) as pool:
+        for rnd in range(3):
+            go.clear()
+            pool.submit([Task(i, (i + rnd,)) for i in range(5)])
+            go.set()  # reached only because submit returned with the tasks queued
+            results, timing = pool.wait()
+            assert results == [10 * (i + rnd) for i in range(5)]
+            assert len(timing.busy_s) == workers
+
+
 def test_close_joins_every_thread_and_is_idempotent():
     pool = WorkerPool(lambda w, t: w, 8, name="joinpool")
     names = {t.name for t in threading.enumerate()}
@@ -266,6 +287,48 @@ def test_split_tasks_partitions_and_is_balanced(seed):
     worst = max(cost(len(g), int(lengths[g[0]])) for g in groups)
     assert worst <= _brute_bottleneck(lens, k, cost) * (1 + 1e-5)
     assert split_tasks(seqs, lengths, k, cost) == groups
+
+
+def _scan_cuts(lens, k, cost):
+    """The greedy fill as a scan over every sequence (the form the fast fill replaced)."""
+    def fill(limit):
+        cuts, start = [], 0
+        for i in range(1, len(lens) + 1):
+            if i == len(lens) or cost(i + 1 - start, lens[start]) > limit:
+                cuts.append(i)
+                start = i
+                if len(cuts) > k:
+                    return None
+        return cuts
+
+    lo, hi = max(cost(1, n) for n in lens), cost(len(lens), lens[0])
+    cuts = fill(hi)
+    while hi - lo > 1e-4 * hi:
+        mid = 0.5 * (lo + hi)
+        c = fill(mid)
+        if c is None:
+            lo = mid
+        else:
+            hi, cuts = mid, c
+    return cuts
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_min_max_cuts_equal_a_scan_over_every_sequence(seed):
+    """Task boundaries decide the gradient's summation order: the fast fill must cut
+    exactly where the scan does, for any cost model (fp32, bf16, per-task heavy)."""
+    from rnntrain.compute.pool import _min_max_cuts
+    rng = np.random.default_rng(seed)
+    models = [CostModel(), CostModel(1.0, 0.3, 40.0, 0.0), CostModel(1.0, 2.0, 500.0, 12.0),
+              CostModel.for_model(1e6, 500_000, 6, "bf16")]
+    for _ in range(40):
+        n = int(rng.integers(1, 120))
+        lens = sorted(rng.integers(1, int(rng.choice([5, 60, 900])), n).tolist(), reverse=True)
+        if rng.random() < 0.3:
+            lens = [lens[0]] * n  # ties: many equal costs at the limit
+        for cost in models:
+            for k in range(1, 6):
+                assert _min_max_cuts(lens, k, cost) == _scan_cuts(lens, k, cost), (lens, k, cost)
 
 
 def test_split_tasks_no_pointless_tiny_tasks():

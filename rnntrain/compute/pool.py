@@ -80,6 +80,8 @@ class WorkerPool:
         self._fn, self.workers, self.intra_threads = fn, workers, intra_threads
         self._on_start = on_start
         self._inline, self._started = inline, False
+        self._submitted: Sequence[Task] | None = None  # inline: the batch ``wait`` runs
+        self._t_submit = 0.0
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)   # workers wait here for tasks
         self._idle_cv = threading.Condition(self._lock)  # the main thread waits here
@@ -143,20 +145,39 @@ class WorkerPool:
 
     def run(self, tasks: Sequence[Task]) -> tuple[list, BatchTiming]:
         """Run one batch; return the results in task order once the barrier is reached."""
+        self.submit(tasks)
+        return self.wait()
+
+    def submit(self, tasks: Sequence[Task]):
+        """Hand out one batch and return at once (the workers start on it); ``wait`` then
+        returns its results. The caller may do other work in between (the next batch's
+        task split): that is time the main thread would otherwise spend at the barrier.
+        Inline (no worker thread), the tasks run in ``wait``."""
         assert all(t.index == i for i, t in enumerate(tasks)), "tasks must be indexed 0..n-1"
         if self._inline:
-            return self._run_inline(tasks)
-        t0 = time.perf_counter()
+            assert self._submitted is None, "wait for the previous batch first"
+            self._submitted = tasks
+            return
+        self._t_submit = time.perf_counter()
         with self._lock:
             assert not self._closed, "pool is closed"
             assert self._pending == 0 and not self._queue
             self._results = [None] * len(tasks)
             self._busy = [0.0] * self.workers
-            self._last_end = [t0] * self.workers
+            self._last_end = [self._t_submit] * self.workers
             self._error = None
             self._queue.extend(tasks)
             self._pending = len(tasks)
             self._work.notify(min(len(tasks), self.workers))
+
+    def wait(self) -> tuple[list, BatchTiming]:
+        """The submitted batch's results in task order, once the barrier is reached."""
+        if self._inline:
+            tasks, self._submitted = self._submitted, None
+            assert tasks is not None, "nothing submitted"
+            return self._run_inline(tasks)
+        t0 = self._t_submit
+        with self._lock:
             # the barrier: all tasks done and every worker back in the idle state
             while self._pending > 0 or self._idle < self.workers:
                 self._idle_cv.wait()
@@ -296,14 +317,30 @@ def split_tasks(seqs: Sequence[int], lengths: np.ndarray, n_tasks: int,
 def _min_max_cuts(lens: list[int], k: int, cost: CostModel) -> list[int]:
     """End indices of ≤ k contiguous groups of ``lens`` (descending) whose costliest group
     is as cheap as possible (to a relative 1e-4)."""
+    ca, cb, cc, cd = cost.a, cost.b, cost.c, cost.d
+    total = len(lens)
+
+    def cost_of(n: int, t: int) -> float:  # CostModel.__call__'s expression, same rounding
+        return ca * n * t + cb * n + cc + cd * t
+
     def fill(limit: float) -> list[int] | None:
+        # Greedy: each group starting at ``start`` takes the most sequences whose cost
+        # stays <= limit (at least one). The size comes from solving the cost formula,
+        # then is corrected with the formula itself (its float value grows with n), so the
+        # cuts are those of a scan over every sequence, in a few operations per group:
+        # this runs on the main thread at every step.
         cuts, start = [], 0
-        for i in range(1, len(lens) + 1):
-            if i == len(lens) or cost(i + 1 - start, lens[start]) > limit:
-                cuts.append(i)
-                start = i
-                if len(cuts) > k:
-                    return None
+        while start < total:
+            t = lens[start]
+            n = int(min(max((limit - cc - cd * t) / (ca * t + cb), 0.0), total))
+            while n < total and cost_of(n + 1, t) <= limit:
+                n += 1
+            while n > 0 and cost_of(n, t) > limit:
+                n -= 1
+            start = min(start + max(n, 1), total)
+            cuts.append(start)
+            if len(cuts) > k:
+                return None
         return cuts
 
     lo = max(cost(1, n) for n in lens)     # no group is cheaper than its longest sequence

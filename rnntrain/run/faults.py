@@ -102,13 +102,17 @@ class BadSteps:
         """After the update of a step: ``finite`` (0-dim bool tensor) False = skipped."""
         self.guard.add(finite)
 
-    def check(self, step_no: int, seq_names: list[str], log):
-        """Bring the counts to the host; raise UserError after ``max_bad`` in a row."""
+    def check(self, step_no: int, seq_names, log):
+        """Bring the counts to the host; raise UserError after ``max_bad`` in a row.
+        ``seq_names``: the last batch's sequence names, or a function giving them (called
+        only when a step was skipped: no per-sequence work on the good steps)."""
         skipped, worst = self.guard.read()
         self.state.bad_in_row = int(self.guard.run)
         if not skipped:
             return
         self.state.bad_total += skipped
+        if callable(seq_names):
+            seq_names = seq_names()
         names = ", ".join(seq_names[:8]) + (" ..." if len(seq_names) > 8 else "")
         since = f"{skipped} since the last check, " if skipped > 1 else ""
         log.info(f"step {step_no}: loss or gradient is NaN/Inf; update skipped ({since}"

@@ -42,6 +42,7 @@ class FedBatch:
     batch: Batch
     payload: dict              # sequence id → frames (T_i, F), the batch's whole chunk
     wait_s: float              # time the loop waited for the chunk reader
+    upcoming: tuple | None = None  # the next batch's sequences (split while this one runs)
 
 
 class EpochFeed:
@@ -64,8 +65,9 @@ class EpochFeed:
                 payload = None  # drop the old chunk: at most two are resident
                 chunk, payload = self.reader.next()
                 assert chunk == batch.chunk, "reader out of plan order"
+            upcoming = self.plan[i + 1].seqs if i + 1 < len(self.plan) else None
             yield FedBatch(self.epoch, i, len(self.plan), batch, payload,
-                           time.perf_counter() - t0)
+                           time.perf_counter() - t0, upcoming)
 
     def close(self):
         self.reader.close()
@@ -110,6 +112,7 @@ class StepRunner:
         self.task_cost = cost_model_for(model, tc.precision if device.type == "cpu"
                                         else "fp32")
         self.bad: BadSteps | None = None
+        self._ahead: tuple[tuple, list] | None = None  # (sequences, their task split)
 
     def start(self, model, state: TrainState) -> TrainState:
         """Every rank: rank 0's weights, optimizer and training state (checksummed), then
@@ -128,12 +131,13 @@ class StepRunner:
         tc, oc = self.cfg.train, self.cfg.optim
         t1 = time.perf_counter()
         seqs = fed.batch.seqs
-        groups = split_tasks(seqs, self.ds.lengths, self.workers * tc.tasks_per_worker,
-                             self.task_cost, self.workers)
         tasks = [Task(j, g, ([fed.payload[s] for s in g], [self.ds.targets[s] for s in g]))
-                 for j, g in enumerate(groups)]
+                 for j, g in enumerate(self.split(seqs))]
         self.computer.begin_step(len(tasks), (tc.seed, fed.epoch, fed.index), want_errors)
-        fences, timing = self.pool.run(tasks)  # returns at the barrier
+        self.pool.submit(tasks)
+        if fed.upcoming is not None:  # while the workers compute: the next batch's split
+            self._ahead = (fed.upcoming, self.split(fed.upcoming))
+        fences, timing = self.pool.wait()  # returns at the barrier
         t2 = time.perf_counter()
         self.flat.reduce_tasks(self.computer.task_buffers(len(tasks)), fences)
         t3 = time.perf_counter()
@@ -152,9 +156,17 @@ class StepRunner:
         return StepResult(self.flat.stats_tensor.clone(), norm, finite, timing,
                           np.array([fed.wait_s, t2 - t1, t3 - t2, t4 - t3, t5 - t4]), stop)
 
+    def split(self, seqs: tuple) -> list[tuple]:
+        """The tasks of a batch (``pool.split_tasks``: a function of the lengths alone, so
+        computing it ahead, while the previous batch runs, changes nothing)."""
+        if self._ahead is not None and self._ahead[0] == seqs:
+            return self._ahead[1]
+        return split_tasks(seqs, self.ds.lengths, self.workers * self.cfg.train.tasks_per_worker,
+                           self.task_cost, self.workers)
+
     def check_bad(self, step: int, fed: FedBatch, log):
         """Read the NaN/Inf counts on the host (see ``faults.BadSteps.check``)."""
-        self.bad.check(step, [self.ds.tag(s) for s in fed.batch.seqs], log)
+        self.bad.check(step, lambda: [self.ds.tag(s) for s in fed.batch.seqs], log)
 
     def loss_scale_state(self) -> dict | None:
         """The fp16 loss scaler's state for ``TrainState.loss_scale`` (None: no scaling)."""
