@@ -196,6 +196,25 @@ def check_collective_schedule(out):
 
 @needs_mpi
 @pytest.mark.mpi
+def test_evaluation_on_two_ranks_counts_like_one(synth_pair, tmp_path):
+    """Validation/eval under MPI: each rank scores its share of every batch on its own
+    worker threads; the summed counts equal one process's (the loss to float rounding)."""
+    r, _ = launch(1, "tests/mpi_eval.py", tmp_path / "one.json", synth_pair[1])
+    assert r.returncode == 0, r.stderr[-3000:]
+    r, _ = launch(2, "tests/mpi_eval.py", tmp_path / "two.json", synth_pair[1])
+    assert r.returncode == 0, r.stderr[-3000:]
+    one, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
+    from rnntrain.decode.score import ErrorCounts
+    assert (one["ranks"], two["ranks"]) == (1, 2)
+    a, b = ErrorCounts.from_array(one["counts"]), ErrorCounts.from_array(two["counts"])
+    assert a.seqs == 28 and a.skipped == 2 and a.sub + a.dels + a.ins > 0
+    assert a.loss_sum == pytest.approx(b.loss_sum, rel=1e-5)
+    b.loss_sum = a.loss_sum
+    assert a == b
+
+
+@needs_mpi
+@pytest.mark.mpi
 def test_two_ranks_over_the_network_path(tiny_config, tmp_path):
     """Shared memory off (MPICH: every rank treated as on another node; UCX over TCP),
     as ranks on different machines talk: still the serial run's weights."""
