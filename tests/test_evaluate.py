@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from data_tools.synth import label_names, make_sequences
 from rnntrain.compute.model import CTCModel, init_uniform
+from rnntrain.compute.pool import intra_threads
 from rnntrain.data import ncdata
 from rnntrain.data.dataset import Dataset
 from rnntrain.decode.score import edit_ops, edit_ops_reference, split_words
@@ -38,7 +39,9 @@ def _serial(model, ds):
     frames = ds.load_chunk(0)
     out = {}
     model.eval()
-    with torch.no_grad():
+    # one intra-op thread: tiny per-step kernels on a team of threads only wait on each
+    # other (on a busy machine, for seconds)
+    with torch.no_grad(), intra_threads(1):
         for s in range(ds.num_seqs):
             x = torch.from_numpy(frames[s]).unsqueeze(1)           # (T, 1, F)
             lp, n = model(x, torch.tensor([len(frames[s])]))
