@@ -214,7 +214,7 @@ def torch_rows(cfg: Path, work: Path, one: dict, two_mpi: dict, steps: int,
         lines.append(f"| {eng} | {name} | {m['frames_per_s']:.0f} | "
                      f"{m['frames_per_s'] / one['frames_per_s']:.2f}x | {m['step_s']:.3f} | "
                      f"{m['comm_s']:.4f} |")
-    lines += overlap_rows(cfg, work, t2, quick)
+    lines += overlap_rows(cfg, work, t2)
     lines += ["", "| engine | ranks | mode | wire | rank 0 sent / received | other rank "
               "sent / received | time/exchange (TCP) |", "|---|---|---|---|---|---|---|"]
     combos = (("allreduce", "fp32"), ("master", "fp32"), ("allreduce", "bf16"))
@@ -233,27 +233,20 @@ def torch_rows(cfg: Path, work: Path, one: dict, two_mpi: dict, steps: int,
 OVERLAP_BUCKET_MB = 0.5  # a few buckets for the default model's 2.4 MB gradient
 
 
-def overlap_rows(cfg: Path, work: Path, plain: dict, quick: bool) -> list[str]:
+def overlap_rows(cfg: Path, work: Path, plain: dict) -> list[str]:
     """2 torchrun ranks (gloo), the exchange overlapped with the last task's backward
-    (``dist.overlap = "on"``) vs after it; interleaved, best of 2 (1 with --quick)."""
-    best = {"off": plain}
-    for k in range(1 if quick else 2):
-        runs = (("on", ("dist.overlap=on", f"dist.bucket_mb={OVERLAP_BUCKET_MB}")),)
-        if k:
-            runs += (("off", ("dist.overlap=off",)),)
-        for name, ov in runs:
-            m = _train(2, cfg, work / f"torch-overlap-{name}{k}", *ov, engine="torch")
-            if name not in best or m["frames_per_s"] > best[name]["frames_per_s"]:
-                best[name] = m
+    (``dist.overlap = "on"``) vs after it (``plain``: the torch run just before)."""
+    runs = {"off": plain, "on": _train(2, cfg, work / "torch-overlap", "dist.overlap=on",
+                                       f"dist.bucket_mb={OVERLAP_BUCKET_MB}", engine="torch")}
     lines = ["", f"Overlap with backward (`dist.overlap`, torch backend, 2 ranks, gloo, "
              f"dist.bucket_mb = {OVERLAP_BUCKET_MB}): compute s includes the last task's "
              "backward, during which the buckets already travel; exchange s is what is left "
-             "to wait for after it. On this shared CPU machine the figures are indicative "
-             "only (gloo's TCP thread competes with the compute for the same 2 cores).", "",
+             "to wait for after it. On CPU ranks gloo's TCP thread competes with the compute "
+             "for the same cores; on a shared machine the figures are indicative only.", "",
              "| dist.overlap | frames/s | step s | compute s | exchange s (incl. wait) | "
              "buckets started in backward |", "|---|---|---|---|---|---|"]
     for name in ("off", "on"):
-        m = best[name]
+        m = runs[name]
         early = f"{100 * m['buckets_in_backward']:.0f}%" if name == "on" else "-"
         lines.append(f"| {name} | {m['frames_per_s']:.0f} | {m['step_s']:.3f} | "
                      f"{m['compute_s']:.3f} | {m['comm_s']:.4f} | {early} |")
