@@ -294,6 +294,12 @@ class Exchange:
             self._early = []
         return out
 
+    def close(self):
+        """Remove the overlap's gradient hooks from the parameters (idempotent)."""
+        if self.buckets is not None:
+            self.buckets.remove()
+            self.buckets = None
+
     def sync_start(self, model, opt, state: dict) -> dict:
         """Rank 0's weights, optimizer state and loop state (``TrainState.state_dict()``)
         to every rank, then verify on every rank a checksum of the weights and optimizer

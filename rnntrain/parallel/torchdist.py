@@ -400,3 +400,4 @@ class GradBuckets:
     def remove(self):
         for h in self._hooks:
             h.remove()
+        self._hooks = []

@@ -171,3 +171,4 @@ class StepRunner:
 
     def close(self):
         self.pool.close()
+        self.exch.close()
