@@ -6,8 +6,9 @@
 - what cannot overlap is refused with one line naming the key;
 - real ``torchrun --standalone --nproc_per_node 2`` jobs over gloo: overlapped training
   ends with the weights of the plain 2-rank run (bit for bit: a 2-rank sum is one
-  addition) and of one rank (1e-7); exact resume; a rank that dies inside the overlapped
-  exchange, or hangs, is named; on two or more GPUs the same over NCCL.
+  addition) and of one rank (1e-7); exact resume; one rank's stop request stops all after
+  the same step; a rank that dies inside the overlapped exchange, or hangs, is named; on
+  two or more GPUs the same over NCCL.
 """
 from __future__ import annotations
 
@@ -192,18 +193,38 @@ def test_resume_with_overlap_is_exact(tiny_config, tmp_path):
 
 
 @pytest.mark.torchrun
+def test_one_rank_asking_to_stop_stops_every_rank_after_the_same_step(tiny_config, tmp_path):
+    """Rank 1 alone gets SIGTERM: its stop request rides bucket 0 with the figures, so
+    rank 0 stops after the same step, checkpoints it, and the job ends cleanly."""
+    r, _ = fault(2, tiny_config, tmp_path, 1, "term", extra=[*OVERLAP.split(",")])
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = tmp_path / "run"
+    m = re.search(r"stopped by a signal on another rank after step (\d+); checkpoint saved",
+                  (run / "train.log").read_text())
+    assert m, (run / "train.log").read_text()[-2000:]
+    assert (run / "checkpoints" / f"step-{int(m.group(1)):08d}.pt").exists()
+    assert json.loads((run / "status.json").read_text())["status"] == "stopped"
+
+
+@pytest.mark.torchrun
 def test_rank_dying_inside_the_overlapped_exchange_is_named(tiny_config, tmp_path):
-    """SIGKILL right after rank 1's first bucket started, during its backward; then a rank
-    that hangs (SIGSTOP) while rank 0's buckets wait."""
-    extra = ["dist.overlap=on", "dist.bucket_mb=0.002"]
+    """SIGKILL right after rank 1's first bucket started, during its backward."""
     r, secs = fault(2, tiny_config, tmp_path, 1, "kill-in-backward",
-                    extra=[*extra, "dist.timeout_s=10"])
+                    extra=[*OVERLAP.split(","), "dist.timeout_s=10"])
     assert r.returncode != 0
     assert re.search(r"\[rank 0/2\] error: rank\(s\) 1 of 2 left the job during the gradient "
                      r"exchange of step 4 \(bucket \d of 4\) \(process died or raised",
                      r.stderr), r.stderr[-3000:]
     assert secs < 10 + 60  # start-up included: the dead peer is seen at once
-    r, secs = fault(2, tiny_config, tmp_path, 1, "stop", extra=[*extra, "dist.timeout_s=3"])
+
+
+@pytest.mark.torchrun
+@pytest.mark.slow
+def test_rank_hanging_while_the_buckets_wait_is_named(tiny_config, tmp_path):
+    """SIGSTOP on rank 1 at step 4: rank 0's buckets miss dist.timeout_s, the roll call
+    names rank 1."""
+    r, secs = fault(2, tiny_config, tmp_path, 1, "stop",
+                    extra=[*OVERLAP.split(","), "dist.timeout_s=3"])
     assert r.returncode != 0
     assert re.search(r"\[rank 0/2\] error: rank\(s\) 1 of 2 did not arrive at the gradient "
                      r"exchange of step 4 \(bucket 1 of 4\) within dist.timeout_s = 3 s",
