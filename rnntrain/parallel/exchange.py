@@ -134,10 +134,11 @@ class Exchange:
     """Per-step exchange of the flat gradient message; ``run.step.StepRunner`` calls
     ``reduce`` → ``apply_update`` → ``publish`` once per step, ``window`` at log steps.
 
-    Collectives per step: allreduce mode, exactly one (the message); master mode, two (the
-    reduce of the message, then the weight broadcast). The stop flag rides them: in the
-    message's last slot (summed: the number of ranks asking to stop), and in master mode
-    also in the last slot of the weight broadcast, so every rank learns rank 0's verdict.
+    Collectives per step: allreduce mode, exactly one (the message; overlapped, one per
+    bucket of it, started during backward: ``arm``); master mode, two (the reduce of the
+    message, then the weight broadcast). The stop flag rides them: in the message's last
+    slot (summed: the number of ranks asking to stop), and in master mode also in the last
+    slot of the weight broadcast, so every rank learns rank 0's verdict.
     """
 
     def __init__(self, comm, dcfg, flat: FlatGrad, params: list[torch.nn.Parameter],
