@@ -40,7 +40,8 @@ def tune_decoder(args, cfg, ds, model, device) -> int:
     kept: list[tuple[list[int], np.ndarray, np.ndarray]] = []
     keep = ds.feasible(cfg.model.subsample)
     counts = evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, device,
-                      space=space, workers=threads, on_log_probs=lambda s, lp, n: kept.append((s, lp, n)))
+                      space=space, workers=threads,
+                      on_log_probs=lambda s, lp, n: kept.append((s, lp, n)))
     refs = {s: ds.targets[s].tolist() for seqs, _, _ in kept for s in seqs}
     rows = []
     for w in weights:
