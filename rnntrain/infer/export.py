@@ -11,6 +11,11 @@ Every export is checked before it is kept: the written file is loaded again (Tor
 or ONNX Runtime) and run on real inputs, a padded batch of unequal lengths, whose
 log-probabilities must match the training network's within 1e-4 on every valid frame.
 
+Models with the convolutional front end (images, ``model.frontend = "conv"``) export with
+it (``graph.ExportConv``): the exported graph takes any number of columns and gives the
+output lengths after pooling, ceil(W / pool) per block; ``rnntrain.load`` of the export
+prepares image files with the image front end it carries, as the checkpoint does.
+
 ONNX is written by the TorchScript-based exporter (``dynamo=False``): the torch.export one
 of torch 2.13 fixes the sequence length of ``nn.LSTM`` at the example's (its output fails
 on any other length), which this file checks for. RNNLIB's peephole cell exports to
@@ -48,8 +53,9 @@ def check_inputs(model, frames: list[np.ndarray] | None = None, seed: int = 0):
 def training_frames(model, count: int = 8) -> tuple[list[np.ndarray], str]:
     """Up to ``count`` sequences of the data the checkpoint was trained and validated on
     (its config's data.val, data.test or data.train .nc file, when it is still there and
-    fits the model) → (frames, where); ([], "") when none is available."""
-    from rnntrain.data import ncdata
+    fits the model; images as the model's padded columns) → (frames, where); ([], "")
+    when none is available."""
+    from rnntrain.data.dataset import Dataset
     from rnntrain.errors import UserError as _UE
     from rnntrain.run.checkpoint import load
     try:
@@ -61,14 +67,22 @@ def training_frames(model, count: int = 8) -> tuple[list[np.ndarray], str]:
         if not path.endswith(".nc") or not os.path.isfile(path):
             continue
         try:
-            h = ncdata.read_header(path, need_targets=False)
-            if h.input_size != model.input_size:
+            ds = Dataset.open(path, chunk_frames=1, need_targets=False)
+            if ds.is_2d:
+                if model.image is None:
+                    continue
+                ds.set_pad_height(model.image.height, "export check")
+            if ds.frame_size != model.input_size:
                 continue
-            n = min(count, h.num_seqs)
-            rows = ncdata.read_rows(path, 0, int(h.offsets[n]))
+            n = min(count, ds.num_seqs)
+            got: dict = {}
+            k = 0
+            while len(got) < n and k < len(ds.chunks):  # chunks of one sequence or more
+                got.update(ds.load_chunk(k))
+                k += 1
         except _UE:
             continue
-        return [rows[h.offsets[i]:h.offsets[i + 1]] for i in range(n)], f"{path} ({n} sequences)"
+        return [got[i] for i in range(n)], f"{path} ({n} sequences)"
     return [], ""
 
 
@@ -95,9 +109,6 @@ def export(model, out, fmt: str, check_frames: list[np.ndarray] | None = None) -
     if model.net is None:
         raise UserError(f"{model.path}: already an exported model ({model.engine.name}); "
                         f"export from its checkpoint or run folder")
-    if getattr(model.net, "frontend", None) is not None:
-        raise UserError(f"{model.path}: the convolutional front end (model.frontend, 2-D "
-                        f"data) is not exported yet; only LSTM stacks export")
     cell = model.meta.model.get("cell", "lstm")
     if fmt == "onnx" and cell != "lstm":
         raise UserError(f"{model.path}: cell '{cell}' (RNNLIB's peephole LSTM) cannot be "
