@@ -32,14 +32,13 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from data_tools.audio import list_lines
 from rnntrain.data import ncdata
 from rnntrain.errors import UserError
-# the image preparation lives in the front end, shared with transcribe
+# the image preparation lives in the front end, shared with transcribe; prepare and
+# pixels stay importable from here (bench/ocr.py and users' scripts)
 from rnntrain.frontend.images import ImageSettings, open_image, pixels, prepare, \
-    target_size  # noqa: F401  (prepare: this module's public name since the converter)
+    target_size  # noqa: F401
 
 SPACE = "<space>"
 

@@ -174,7 +174,9 @@ def _cmd_export(args) -> int:
     if args.format not in FORMATS:
         raise UserError(f"--format {args.format!r}: choose one of {', '.join(FORMATS)}")
     from rnntrain.infer.api import load
+    from rnntrain.infer.export import check_out
     from rnntrain.infer.transcribe import expand
+    check_out(args.out)  # before the model loads and the export runs
     model = load(args.model)
     if args.check:  # real utterances to check the export on
         frames = [model.frames(s.path) for s in expand(args.check)[:8] if s.kind == "file"]

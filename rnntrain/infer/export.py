@@ -114,9 +114,7 @@ def export(model, out, fmt: str, check_frames: list[np.ndarray] | None = None) -
         raise UserError(f"{model.path}: cell '{cell}' (RNNLIB's peephole LSTM) cannot be "
                         f"exported to ONNX (its time loop has no variable-length ONNX form); "
                         f"use --format torchscript")
-    out = Path(out)
-    if not out.parent.is_dir():
-        raise UserError(f"--out {out}: its folder does not exist")
+    out = check_out(out)
     import copy
     graph = ExportCTC(copy.deepcopy(model.net).cpu()).eval()  # the model may be on a GPU
     if not check_frames:
@@ -142,8 +140,33 @@ def export(model, out, fmt: str, check_frames: list[np.ndarray] | None = None) -
             raise UserError(f"{out}: the {fmt} export differs from the model by {diff:.2e} "
                             f"(more than {TOLERANCE:g}) in log-probability; not written")
         os.replace(tmp, out)
+    except OSError as e:  # a write that fails midway: disk full, the folder removed
+        raise UserError(f"--out {out}: cannot write it ({e.strerror or e})") from None
+    except RuntimeError as e:
+        if "writ" not in str(e):  # torch.jit.save: "PytorchStreamWriter failed writing"
+            raise
+        raise UserError(f"--out {out}: cannot write it ({str(e).splitlines()[0][:200]})") \
+            from None
     finally:
         tmp.unlink(missing_ok=True)
+    return out
+
+
+def check_out(out) -> Path:
+    """``--out``: a file name in an existing, writable folder (one line otherwise), checked
+    before any work by creating and removing the temporary file the export is written to."""
+    out = Path(out)
+    if out.is_dir():
+        raise UserError(f"--out {out}: is a folder; give a file name (e.g. {out / 'model.onnx'})")
+    if not out.parent.is_dir():
+        raise UserError(f"--out {out}: its folder does not exist")
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb"):
+            pass
+        tmp.unlink()
+    except OSError as e:
+        raise UserError(f"--out {out}: cannot write in {out.parent} ({e.strerror})") from None
     return out
 
 
