@@ -301,7 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--format", required=True, help="torchscript or onnx")
     x.add_argument("--out", required=True, help="output file (.pt/.ts or .onnx)")
     x.add_argument("--check", nargs="*", metavar="INPUT", default=None,
-                   help="audio or .npy files to check the export on (default: random frames)")
+                   help="audio, image or .npy files to check the export on (default: the "
+                        "checkpoint's own .nc data when it is there, else random frames)")
     r = sub.add_parser("runs", help="list run folders: status, epochs, best LER, speed")
     r.add_argument("dir", nargs="?", default="runs", help="folder to search")
     r.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -68,10 +68,9 @@ def training_frames(model, count: int = 8) -> tuple[list[np.ndarray], str]:
             continue
         try:
             ds = Dataset.open(path, chunk_frames=1, need_targets=False)
-            if ds.is_2d:
-                if model.image is None:
-                    continue
-                ds.set_pad_height(model.image.height, "export check")
+            if ds.is_2d:  # columns padded to the model's height, as training served them
+                ds.set_pad_height(model.image.height if model.image is not None else
+                                  model.input_size // max(ds.input_size, 1), "export check")
             if ds.frame_size != model.input_size:
                 continue
             n = min(count, ds.num_seqs)
