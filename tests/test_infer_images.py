@@ -139,11 +139,12 @@ def test_transcribe_images_gives_what_decode_gives_on_the_converted_file(imrun):
         got[len(opts)] = want = tsv(dec.stdout)
         assert [n for n, _ in want] == names
         assert sum(1 for _, h in want if h) >= 3, "an all-blank model proves nothing"
-    tr = run_cli("rnntrain", "transcribe", run, folder / "list.tsv", "--json")
+    # the images, then the converted file itself (its sequences named by their tags)
+    tr = run_cli("rnntrain", "transcribe", run, folder / "list.tsv", folder / "img.nc", "--json")
     assert tr.returncode == 0, tr.stderr[-2000:]
     lines = [json.loads(ln) for ln in tr.stdout.splitlines()]
-    assert [(os.path.basename(d["input"]), d["text"]) for d in lines] == got[0]
-    assert [d["frames"] for d in lines] == [math.ceil(w / 6) for w in ds.lengths]
+    assert [(os.path.basename(d["input"]), d["text"]) for d in lines] == got[0] + got[0]
+    assert [d["frames"] for d in lines] == [math.ceil(w / 6) for w in ds.lengths] * 2
     tr = run_cli("rnntrain", "transcribe", run, *[folder / n for n in names], "--beam", "4")
     assert tr.returncode == 0, tr.stderr[-2000:]
     assert tsv(tr.stdout) == got[2]

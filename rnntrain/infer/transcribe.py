@@ -107,11 +107,14 @@ def nc_items(model: Model, src: Source, chunk_frames: int = 1_000_000) -> Iterat
     from rnntrain.frontend import FrontEnd
     ds = Dataset.open(str(src.path), chunk_frames, need_targets=False)
     if ds.is_2d:  # images: columns padded to the model's height, as decode serves them
-        if model.image is None and not model.meta.model.get("frontend") == "conv":
-            raise DataError(src.path, "a 2-D (image) file, but the model was not trained "
-                                      "on images", var="seqDims")
-        ds.set_pad_height(model.image.height if model.image is not None else
-                          model.input_size // max(ds.input_size, 1), f"model {model.path}")
+        # without the converter's record, the height is what the model's frames hold
+        height = model.image.height if model.image is not None else \
+            model.input_size // ds.input_size
+        if height < 1 or height * ds.input_size != model.input_size:
+            raise DataError(src.path, f"a 2-D (image) file of {ds.input_size} values per "
+                                      f"pixel; the model takes {model.input_size} values "
+                                      "per frame, not whole image columns", var="seqDims")
+        ds.set_pad_height(height, f"model {model.path}")
     if ds.frame_size != model.input_size:
         what = (f"{ds.frame_size} values per image column" if ds.is_2d or ds.column_height
                 else f"inputPattSize {ds.input_size}")
