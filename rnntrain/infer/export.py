@@ -3,8 +3,8 @@
 Both formats hold ``rnntrain.infer.graph.ExportCTC`` (the training weights, fp32) with a
 variable batch and length: inputs ``x`` (T, N, F) float32 zero-padded and ``lengths`` (N,)
 int64; outputs ``log_probs`` (T', N, C) and ``out_lengths`` (N,). The labels, input size,
-stacking and front end (feature settings and normalisation statistics) travel inside the
-file as JSON: a TorchScript extra file ``rnntrain.json``, an ONNX metadata property of the
+stacking and front end (feature settings and normalisation statistics; for image models
+the image converter's settings and input height) travel inside the file as JSON: a TorchScript extra file ``rnntrain.json``, an ONNX metadata property of the
 same name. ``rnntrain.load`` reads either back.
 
 Every export is checked before it is kept: the written file is loaded again (TorchScript,
