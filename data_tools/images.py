@@ -37,10 +37,8 @@ from rnntrain.data import ncdata
 from rnntrain.errors import UserError
 # the image preparation lives in the front end, shared with transcribe; prepare and
 # pixels stay importable from here (bench/ocr.py and users' scripts)
-from rnntrain.frontend.images import ImageSettings, open_image, pixels, prepare, \
-    target_size  # noqa: F401
-
-SPACE = "<space>"
+from rnntrain.frontend.images import SPACE, ImageSettings, char_label, label_char, \
+    open_image, pixels, prepare, target_size  # noqa: F401
 
 
 @dataclass
@@ -59,27 +57,6 @@ def read_list(list_path) -> list[Item]:
     if not out:
         raise UserError(f"{lp}: no images listed")
     return out
-
-
-def char_label(ch: str, space: str = SPACE) -> str:
-    """One character's label name: itself (printable ASCII), ``space``, or U+XXXX."""
-    if ch == " ":
-        return space
-    if "!" <= ch <= "~":
-        return ch
-    return f"U+{ord(ch):04X}"
-
-
-def label_char(name: str, space: str = SPACE) -> str:
-    """The inverse of ``char_label`` (for printing transcriptions as text)."""
-    if name == space:
-        return " "
-    if name.startswith("U+") and len(name) > 2:
-        try:
-            return chr(int(name[2:], 16))
-        except ValueError:
-            pass
-    return name
 
 
 def ascii_alphabet(space: str = SPACE) -> list[str]:

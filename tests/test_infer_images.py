@@ -45,7 +45,7 @@ def write_line_images(folder, n=6, seed=4):
     return folder / "list.tsv", names
 
 
-def image_run(folder, layout: str, height: int, seed: int = 0):
+def image_run(folder, layout: str, height: int, seed: int = 0, chars: bool = False):
     """Convert the images with the real converter, then write a checkpoint with the
     training writer (``save_training``) for an untrained conv model with fixed weights."""
     from data_tools.images import ImageSettings, convert_images
@@ -53,7 +53,7 @@ def image_run(folder, layout: str, height: int, seed: int = 0):
     folder.mkdir()
     lst, names = write_line_images(folder)
     convert_images(lst, folder / "img.nc", ImageSettings(height, "auto"), layout=layout,
-                   progress=False)
+                   chars=chars, progress=False)
     ds = Dataset.open(str(folder / "img.nc"))
     cfg = load_config(None, [f"data.train={folder / 'img.nc'}", *CONV])
     torch.manual_seed(seed)
@@ -148,6 +148,27 @@ def test_transcribe_images_gives_what_decode_gives_on_the_converted_file(imrun):
     tr = run_cli("rnntrain", "transcribe", run, *[folder / n for n in names], "--beam", "4")
     assert tr.returncode == 0, tr.stderr[-2000:]
     assert tsv(tr.stdout) == got[2]
+
+
+def test_character_models_transcribe_to_text(tmp_path):
+    """A model trained on images converted with --chars spells its hypothesis as text (the
+    <space> label as a space); its label names stay available; the CLI prints the same."""
+    import rnntrain
+    run, ds, _, names = image_run(tmp_path / "c", "2d", 0, chars=True)
+    assert ds.labels[0] == "<space>" and len(ds.labels) == 5
+    m = rnntrain.load(run)
+    # log-probs whose best path is  a _ <space> b b  → labels a, <space>, b
+    path = [ds.labels.index("a"), m.blank, 0, ds.labels.index("b"), ds.labels.index("b")]
+    lp = np.full((len(path), m.blank + 1), -10.0, np.float32)
+    lp[np.arange(len(path)), path] = 0.0
+    t = m.decode(lp)
+    assert t.labels == ["a", "<space>", "b"] and t.text == "a b"
+    tr = run_cli("rnntrain", "transcribe", run, *[run.parent / n for n in names], "--json")
+    assert tr.returncode == 0, tr.stderr[-2000:]
+    for d, n in zip((json.loads(ln) for ln in tr.stdout.splitlines()), names):
+        want = m.transcribe(run.parent / n)
+        assert d["labels"] == want.labels
+        assert d["text"] == "".join(" " if x == "<space>" else x for x in want.labels)
 
 
 @pytest.mark.slow

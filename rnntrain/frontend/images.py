@@ -33,6 +33,28 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".gif", ".we
                   ".ppm", ".pbm", ".pnm"}
 INVERT = ("auto", "yes", "no")
 LAYOUTS = ("2d", "columns")
+SPACE = "<space>"
+
+
+def char_label(ch: str, space: str = SPACE) -> str:
+    """One character's label name: itself (printable ASCII), ``space``, or U+XXXX."""
+    if ch == " ":
+        return space
+    if "!" <= ch <= "~":
+        return ch
+    return f"U+{ord(ch):04X}"
+
+
+def label_char(name: str, space: str = SPACE) -> str:
+    """The inverse of ``char_label`` (for printing transcriptions as text)."""
+    if name == space:
+        return " "
+    if name.startswith("U+") and len(name) > 2:
+        try:
+            return chr(int(name[2:], 16))
+        except ValueError:
+            pass
+    return name
 
 
 def _pil():
@@ -118,6 +140,14 @@ class ImageFrontEnd:
     height: int                # P: the model's pixels per column (images padded to it)
     channels: int = 1          # values per pixel (grayscale: 1)
     layout: str = "2d"         # how the training file stored the images
+    space: str = ""            # labels are characters (converted with --chars): the label
+                               # that stands for the space; "" when labels are not characters
+
+    def text(self, labels: list[str]) -> str | None:
+        """Label names → the text they spell, when labels are characters; else None."""
+        if not self.space:
+            return None
+        return "".join(label_char(name, self.space) for name in labels)
 
     @property
     def frame_size(self) -> int:
@@ -150,6 +180,7 @@ class ImageFrontEnd:
 
     def to_dict(self) -> dict:
         return {"height": self.height, "channels": self.channels, "layout": self.layout,
+                "space": self.space,
                 "settings": {"height": self.settings.height, "invert": self.settings.invert}}
 
     @classmethod
@@ -157,7 +188,8 @@ class ImageFrontEnd:
         try:
             s = d["settings"]
             fe = cls(ImageSettings(int(s["height"]), str(s["invert"])), int(d["height"]),
-                     int(d.get("channels", 1)), str(d.get("layout", "2d")))
+                     int(d.get("channels", 1)), str(d.get("layout", "2d")),
+                     str(d.get("space", "")))
         except (KeyError, TypeError, ValueError) as e:
             raise UserError(f"{where}: malformed image front-end record ({e})") from None
         if fe.settings.invert not in INVERT or fe.height < 1 or fe.channels < 1 or \
@@ -177,10 +209,11 @@ class ImageFrontEnd:
             d = json.loads(text)
             settings = ImageSettings(int(d.get("height", 0)), str(d.get("invert", "auto")))
             layout = str(d.get("layout", "2d"))
+            space = str(d.get("space") or SPACE) if d.get("chars") else ""
         except (ValueError, TypeError, AttributeError) as e:
             raise UserError(f"{where}: malformed image_frontend record ({e})") from None
         size = int(ck["input_size"])
         channels = size // height if layout == "columns" else size
         return cls.from_dict({"height": height, "channels": max(channels, 1), "layout": layout,
-                              "settings": {"height": settings.height,
+                              "space": space, "settings": {"height": settings.height,
                                            "invert": settings.invert}}, where)

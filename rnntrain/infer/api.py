@@ -15,7 +15,8 @@ on images converted by ``rnntrain-data images`` takes image files (PNG, JPEG, TI
 or Pillow images, prepared with the converter's settings (``rnntrain.frontend.images``):
 
     m = rnntrain.load("runs/printed_lines")
-    m.transcribe("line.png").text                 # label names, space-separated
+    m.transcribe("line.png").text                 # "Main St. 42": the characters as text
+                                                  # (labels converted with --chars)
 """
 from __future__ import annotations
 
@@ -40,10 +41,13 @@ class Transcript:
     peaks: list[int]                # model output frame (after stacking) of each label
     frames: int                     # model output frames of the input
     frame_seconds: float | None     # seconds per model output frame; None: not known
+    spelled: str | None = None      # the text, for models whose labels are characters
 
     @property
     def text(self) -> str:
-        return " ".join(self.labels)
+        """The characters as text for character models (trained on images converted with
+        ``--chars``: "Main St. 42"), else the label names space-separated ("3 1 4")."""
+        return self.spelled if self.spelled is not None else " ".join(self.labels)
 
     @property
     def times(self) -> list[float] | None:
@@ -274,7 +278,9 @@ class Model:
             peaks = aligned_peaks(lp, hyp, self.blank)
         else:
             hyp, peaks = greedy_peaks(lp, self.blank)
-        return Transcript([self.labels[k] for k in hyp], peaks, len(lp), self.frame_seconds)
+        names = [self.labels[k] for k in hyp]
+        spelled = self.image.text(names) if self.image is not None else None
+        return Transcript(names, peaks, len(lp), self.frame_seconds, spelled)
 
     def transcribe(self, x, beam=0, rate: int | None = None) -> Transcript:
         """An audio, image or .npy path, a signal (S,) at ``rate``, features (T, F) or a
