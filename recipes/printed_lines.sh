@@ -19,13 +19,16 @@
 # Data go to data/printed_lines/, the run to runs/printed_lines/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# the project's environment, set up on first use as run_train.sh does ($PYTHON: your own;
+# the dev extra brings Pillow and Faker)
+[ -n "${PYTHON:-}" ] || source scripts/env.sh
 PY="${PYTHON:-python}"
 OUT=data/printed_lines
 TRAIN_LINES=${TRAIN_LINES:-4000}
 VAL_LINES=${VAL_LINES:-200}
 TEST_LINES=${TEST_LINES:-400}
 "$PY" -c "import PIL, faker, matplotlib" 2>/dev/null || {
-    echo "printed_lines.sh: needs Pillow, Faker and matplotlib: pip install -e '.[images]'" >&2
+    echo "printed_lines.sh: $PY needs Pillow, Faker and matplotlib: pip install -e '.[images]'" >&2
     exit 2; }
 
 if [ ! -f "$OUT/test.nc" ]; then
