@@ -33,7 +33,7 @@ SECTIONS = [
     ("accuracy", "Time to accuracy", 1800),
     ("plain_loop", "rnntrain vs a plain PyTorch loop", 310),
     ("flops", "Useful-FLOP rate and memory", 130),
-    ("threads", "Thread scaling", 60),
+    ("threads", "Thread scaling", 80),
     ("ranks", "Rank scaling (MPI, torch.distributed)", 190),
     ("reader", "Reader throughput and data wait", 120),
     ("stragglers", "Stragglers and load balance", 15),

@@ -143,21 +143,24 @@ def _cmd_decode(args) -> int:
 def _cmd_transcribe(args) -> int:
     if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         raise UserError(f"--out {args.out}: its folder does not exist")
-    if args.beam < 0 or args.threads < 0:
+    if (args.beam is not None and args.beam < 0) or args.threads < 0:
         raise UserError("--beam and --threads must be >= 0")
+    from rnntrain.decode.options import decoder_from_args
     from rnntrain.infer.api import load
     from rnntrain.infer.transcribe import expand, transcribe
     expand(args.inputs)  # every input exists and is of a known kind, before the model loads
     threads = args.threads or os.cpu_count() or 1
     # ONNX Runtime: one intra-op thread per worker thread, as for torch
     model = load(args.model, device=args.device, threads=1 if threads > 1 else 0)
+    # beam search (with lexicon and LM) by the compiled decoder; None: best path
+    decoder = decoder_from_args(args, model.labels, model.blank)
     if not args.out:
-        transcribe(model, args.inputs, args.beam, threads, args.json, sys.stdout)
+        transcribe(model, args.inputs, 0, threads, args.json, sys.stdout, decoder=decoder)
         return 0
     tmp = f"{args.out}.tmp{os.getpid()}"  # no partial file under the name if interrupted
     try:
         with open(tmp, "w", encoding="utf-8") as fh:
-            n = transcribe(model, args.inputs, args.beam, threads, args.json, fh)
+            n = transcribe(model, args.inputs, 0, threads, args.json, fh, decoder=decoder)
         os.replace(tmp, args.out)
     finally:
         if os.path.exists(tmp):
@@ -284,8 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("inputs", nargs="+", metavar="INPUT",
                     help="audio files (WAV, FLAC, ...), .npy arrays, .nc files, folders, or "
                          "list files (one path per line)")
-    tr.add_argument("--beam", type=int, default=0, help="prefix beam search width (0 = best "
-                                                        "path)")
+    tr.add_argument("--beam", type=int, default=None, help="prefix beam search width (0 = "
+                    "best path; default 0, or 8 with --lm/--lexicon)")
+    add_decoder_arguments(tr, beam_and_threads=False)
     tr.add_argument("--json", action="store_true", help="JSON lines instead of TSV")
     tr.add_argument("--out", help="write here instead of stdout")
     tr.add_argument("--threads", type=int, default=0,

@@ -405,6 +405,15 @@ def test_eval_decode_tune_with_lexicon_and_lm_through_the_cli(tmp_path):
     for line in r.stdout.strip().splitlines():
         hyp = line.split("\t")[1]
         assert all(w.replace(" ", "") in lex for w in hyp.split("L04") if w.strip()), hyp
+    # transcribe takes the same options and gives decode's hypotheses
+    opts = ["--space", "L04", "--lexicon", tmp_path / "lex.txt", "--lm", tmp_path / "w.arpa",
+            "--lm-weight", "1", "--label-bonus", "0.5"]
+    dec = run_cli("rnntrain", "decode", ckpt, data, *opts)
+    tr = run_cli("rnntrain", "transcribe", ckpt, data, *opts, "--threads", "2")
+    assert dec.returncode == 0 and tr.returncode == 0, dec.stderr + tr.stderr
+    by_tag = dict(line.split("\t")[:2] for line in dec.stdout.strip().splitlines())
+    got = dict(line.split("\t")[:2] for line in tr.stdout.strip().splitlines())
+    assert got == by_tag and len(got) == 12
     # an LM at weight 0 and no bonus changes nothing: the plain beam's hypotheses
     plain = run_cli("rnntrain", "decode", ckpt, data, "--beam", "4")
     lm0 = run_cli("rnntrain", "decode", ckpt, data, "--beam", "4", "--space", "L04", "--lm",

@@ -226,9 +226,13 @@ class Model:
         lp, out = self.engine.run(x, lengths)
         return [lp[:int(out[i]), i] for i in range(len(frames))]
 
-    def decode(self, lp: np.ndarray, beam: int = 0) -> Transcript:
-        """(T', C) log-probs → Transcript: best path, or prefix beam search of width beam."""
-        if beam > 0:
+    def decode(self, lp: np.ndarray, beam: int = 0, decoder=None) -> Transcript:
+        """(T', C) log-probs → Transcript: best path, or prefix beam search of width beam,
+        or ``decoder``'s result (a ``decode.beam.Decoder``: beam, lexicon, LM)."""
+        if decoder is not None:
+            hyp = decoder.decode(lp)
+            peaks = aligned_peaks(lp, hyp, self.blank)
+        elif beam > 0:
             from rnntrain.decode.search import prefix_beam_search
             hyp = prefix_beam_search(lp, len(lp), self.blank, beam)
             peaks = aligned_peaks(lp, hyp, self.blank)

@@ -101,8 +101,10 @@ def nc_items(model: Model, src: Source, chunk_frames: int = 1_000_000) -> Iterat
 
 
 def transcribe(model: Model, inputs: list[str], beam: int = 0, threads: int = 0,
-               as_json: bool = False, out=None, progress: bool = True) -> int:
-    """Write one line per utterance to ``out`` (a text stream); returns the count."""
+               as_json: bool = False, out=None, progress: bool = True,
+               decoder=None) -> int:
+    """Write one line per utterance to ``out`` (a text stream); returns the count.
+    ``decoder``: a ``decode.beam.Decoder`` (beam, lexicon, LM) used instead of ``beam``."""
     sources = expand(inputs)
     out = out or sys.stdout
     workers = threads or os.cpu_count() or 1
@@ -131,7 +133,7 @@ def transcribe(model: Model, inputs: list[str], beam: int = 0, threads: int = 0,
             frames = model.frames(item)
         else:
             frames = item
-        return model.decode(model.log_probs(frames), beam)
+        return model.decode(model.log_probs(frames), beam, decoder)
 
     try:
         with ThreadPoolExecutor(workers, thread_name_prefix="transcribe") as pool:
