@@ -78,7 +78,7 @@ for o in $LM_ORDERS; do
     fi
     "$PY" -m data_tools perplexity "$LM" "$RUN/val_text.txt" --chars --space-token "$SP" \
         --json > "$RUN/ppl$o.json"
-    PPL=$(json "$RUN/ppl$o.json" "d['perplexity']")
+    PPL=$(json "$RUN/ppl$o.json" "round(d['perplexity'], 3)")
     echo "  order $o: validation perplexity $PPL"
     if [ -z "$BEST_PPL" ] || "$PY" -c "import sys; sys.exit(not float(sys.argv[1]) < float(sys.argv[2]))" \
             "$PPL" "$BEST_PPL"; then
@@ -104,7 +104,7 @@ tr ' ' '\n' < "$RUN/lm_text.txt" | grep -v '^$' | grep -v '^#' | LC_ALL=C sort -
 "$PY" -m data_tools ngram "$RUN/lm_text.txt" --order 3 --out "$RUN/word3.arpa"
 "$PY" -m rnntrain tune-decoder "$MODEL" "$DATA/val.nc" --lm "$RUN/word3.arpa" \
     --lexicon "$RUN/lexicon.txt" --space "$SP" --lm-weights 0,0.5,1,1.5 \
-    --word-bonuses -1,0,1,2,4 --json > "$RUN/tune_word.json"
+    --word-bonuses=-1,0,1,2,4 --json > "$RUN/tune_word.json"
 read -r WW WB < <(json "$RUN/tune_word.json" "d['best']['lm_weight'], d['best']['word_bonus']")
 echo "word LM + lexicon ($(wc -l < "$RUN/lexicon.txt") words), tuned on validation" \
      "($(secs "$T0" "$(now)") s): --lm-weight $WW --word-bonus $WB"
