@@ -94,3 +94,18 @@ def test_peak_rss_of_a_child_is_its_own_not_its_parents():
     assert ours < 150 * 1024  # a bare interpreter: tens of MB
     # documents the reason for the helper; where the kernel does not carry it, both agree
     assert inherited >= ours
+
+
+def test_threads_bench_python_edit_distance_counts_what_the_step_counts():
+    """bench threads' 'before' switch (per-sequence loop, pure-Python DP) and the step's
+    vectorised best path + rapidfuzz give the same (errors, reference labels)."""
+    from bench.threads import python_label_errors
+    from rnntrain.compute.tasks import task_label_errors
+    rng = np.random.default_rng(5)
+    for _ in range(5):
+        n = 9
+        best = rng.integers(0, 6, size=(50, n))          # (T', N) argmaxes, blank = 5
+        lengths = rng.integers(0, 51, size=n)
+        targets = [rng.integers(0, 5, size=int(k)) for k in rng.integers(1, 30, size=n)]
+        assert python_label_errors(best, lengths, targets, 5) == \
+            task_label_errors(best, lengths, targets, 5)
