@@ -12,15 +12,13 @@ from rnntrain.cli_args import non_negative_int, positive_int
 from rnntrain.errors import UserError
 
 
-def add_decoder_arguments(p, default_threads: int = 0, beam_and_threads: bool = True
-                          ) -> None:
+def add_decoder_arguments(p, default_threads: int = 0, threads: bool = True) -> None:
     """The decoding options of ``eval``, ``decode``, ``tune-decoder`` (and any command that
-    decodes): pass the parsed namespace to ``decoder_from_args``. ``beam_and_threads``
-    False: the command defines its own ``--beam`` (default None) and ``--threads``."""
-    if beam_and_threads:
-        p.add_argument("--beam", type=non_negative_int, default=None,
-                       help="prefix beam search width (0 = best path; default 0, or 8 with "
-                            "--lm/--lexicon)")
+    decodes): pass the parsed namespace to ``decoder_from_args``. ``threads`` False: the
+    command has its own ``--threads`` (``transcribe``: utterances in parallel)."""
+    p.add_argument("--beam", type=non_negative_int, default=None,
+                   help="prefix beam search width (0 = best path; default 0, or 8 with "
+                        "--lm/--lexicon)")
     p.add_argument("--lexicon", metavar="FILE", help="word list: hypotheses contain only "
                    "these words (one per line: WORD, or WORD LABEL LABEL ...); needs --space")
     p.add_argument("--space", metavar="LABEL", help="the label that separates words (word "
@@ -33,7 +31,7 @@ def add_decoder_arguments(p, default_threads: int = 0, beam_and_threads: bool = 
     p.add_argument("--label-bonus", type=float, default=0.0,
                    help="added per label, the separator included, with or without --space "
                         "(the insertion bonus of a character-level LM); default 0")
-    if beam_and_threads:
+    if threads:
         p.add_argument("--threads", type=positive_int, default=default_threads,
                        help="threads decoding sequences in parallel (default: the CPU count)")
 
