@@ -295,22 +295,12 @@ def _zero_seq_nc(path):
     return path
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    """A finished tiny run on 3-feature, 3-label data (checkpoints for eval cases)."""
-    d = tmp_path_factory.mktemp("tiny")
-    data = write_nc(d / "good.nc", good_parts())
-    p = run_cli("rnntrain", "train", config(d, data), f"run.dir={d / 'run'}")
-    assert p.returncode == 0, p.stderr[-2000:]
-    return data, d / "run"
-
-
 def test_zero_sequences_in_train_eval_inspect(tmp_path, tiny_run):
     zero = _zero_seq_nc(tmp_path / "zero.nc")
     p = run_cli("rnntrain", "train", config(tmp_path, zero), f"run.dir={tmp_path / 'r'}")
     assert_clean_error(p, str(zero), "numSeqs", "no sequences")
     assert not (tmp_path / "r").exists(), "bad data must not leave a run folder behind"
-    p = run_cli("rnntrain", "eval", tiny_run[1] / "checkpoints" / "last.pt", zero)
+    p = run_cli("rnntrain", "eval", tiny_run[2] / "checkpoints" / "last.pt", zero)
     assert_clean_error(p, str(zero), "no sequences")
     p = run_cli("data_tools", "inspect", zero)
     assert p.returncode == 2 and "Traceback" not in p.stderr and "no sequences" in p.stderr
@@ -350,7 +340,7 @@ def test_truncated_wav_header(tmp_path, cut):
 @pytest.mark.parametrize("kind", ["empty", "truncated", "foreign", "stateless"])
 def test_bad_checkpoints_in_eval_and_resume(tmp_path, tiny_run, kind):
     """Each one clean line in eval; --resume auto names it and falls back past it."""
-    data, src = tiny_run
+    data, _, src = tiny_run
     run = tmp_path / "run"
     shutil.copytree(src, run)
     (run / "lock").unlink()
