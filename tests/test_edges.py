@@ -28,7 +28,7 @@ from rnntrain.config import Config, ConfigError, load_config, to_toml, validate
 from rnntrain.data.dataset import Dataset
 from rnntrain.errors import DataError, UserError
 from tests.badinput import good_parts, write_nc
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, run_cli_batch
 from tests.test_bad_input import assert_clean_error, config
 from tests.test_fuzz import alarm
 
@@ -336,32 +336,50 @@ def test_truncated_wav_header(tmp_path, cut):
         read_wav(str(path))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("kind", ["empty", "truncated", "foreign", "stateless"])
-def test_bad_checkpoints_in_eval_and_resume(tmp_path, tiny_run, kind):
-    """Each one clean line in eval; --resume auto names it and falls back past it."""
+BAD_CHECKPOINTS = ["empty", "truncated", "foreign", "stateless"]
+
+
+@pytest.fixture(scope="module")
+def bad_checkpoint_runs(tmp_path_factory, tiny_run):
+    """A copy of the tiny run per kind of bad newest checkpoint; ``eval`` of that file and
+    ``train --resume`` of the copy, all in one process (run_cli_batch)
+    → {kind: (bad file, last.pt, eval result, resume result)}."""
     data, _, src = tiny_run
-    run = tmp_path / "run"
-    shutil.copytree(src, run)
-    (run / "lock").unlink()
-    last = run / "checkpoints" / "last.pt"
-    ck = torch.load(last, weights_only=True)
-    bad = run / "checkpoints" / f"step-{ck['state']['step'] + 5:08d}.pt"
-    if kind == "empty":
-        bad.write_bytes(b"")
-    elif kind == "truncated":
-        bad.write_bytes(last.read_bytes()[:1000])
-    elif kind == "foreign":
-        torch.save({"weights": torch.zeros(3)}, bad)
-    else:
-        torch.save({k: v for k, v in ck.items() if k != "state"}, bad)
-    p = run_cli("rnntrain", "eval", bad, data)
+    d = tmp_path_factory.mktemp("badckpt")
+    cases, batch = {}, []
+    for kind in BAD_CHECKPOINTS:
+        run = d / kind / "run"
+        shutil.copytree(src, run)
+        (run / "lock").unlink()
+        last = run / "checkpoints" / "last.pt"
+        ck = torch.load(last, weights_only=True)
+        bad = run / "checkpoints" / f"step-{ck['state']['step'] + 5:08d}.pt"
+        if kind == "empty":
+            bad.write_bytes(b"")
+        elif kind == "truncated":
+            bad.write_bytes(last.read_bytes()[:1000])
+        elif kind == "foreign":
+            torch.save({"weights": torch.zeros(3)}, bad)
+        else:
+            torch.save({k: v for k, v in ck.items() if k != "state"}, bad)
+        cases[kind] = (bad, last)
+        batch += [("rnntrain", "eval", bad, data),
+                  ("rnntrain", "train", config(d / kind, data), f"run.dir={run}",
+                   "train.epochs=2", "--resume")]
+    res = run_cli_batch(batch)
+    return {kind: (*cases[kind], res[2 * i], res[2 * i + 1])
+            for i, kind in enumerate(BAD_CHECKPOINTS)}
+
+
+@pytest.mark.parametrize("kind", BAD_CHECKPOINTS)
+def test_bad_checkpoints_in_eval_and_resume(bad_checkpoint_runs, kind):
+    """Each one clean line in eval; --resume auto names it and falls back past it."""
+    bad, last, p, resumed = bad_checkpoint_runs[kind]
     if kind == "stateless":  # eval needs no training position: it scores the weights
         assert p.returncode == 0, p.stderr[-2000:]
     else:
         assert_clean_error(p, str(bad))
-    cfg = config(tmp_path, data)
-    p = run_cli("rnntrain", "train", cfg, f"run.dir={run}", "train.epochs=2", "--resume")
+    p = resumed
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
     assert f"warning: {bad}" in p.stderr and "falling back to" in p.stderr
     assert f"resumed from {last}" in p.stderr
