@@ -24,13 +24,15 @@ def synth_pair(tmp_path_factory):
 
 
 def train_here(config_path, *overrides):
-    """Train in this process (``rnntrain.run.train.train``, as the CLI calls it) → the run
+    """Train in this process (``rnntrain.run.train.train``, as the CLI calls it; config_path
+    None: the overrides alone) → the run
     folder. For runs that only set up a test (checkpoints to corrupt, resume or evaluate):
     a subprocess would add the torch import and nothing the test checks."""
     from rnntrain.config import load_config
     from rnntrain.run.train import train
     over = [str(o) for o in overrides]
-    return train(load_config(str(config_path), over), str(config_path), over)
+    path = None if config_path is None else str(config_path)
+    return train(load_config(path, over), path, over)
 
 
 @pytest.fixture(scope="session")
