@@ -116,7 +116,6 @@ def _train(*argv, **kw):
     return run_cli("rnntrain", "train", *argv, **kw)
 
 
-@pytest.mark.slow
 def test_finished_run_resume_and_requeue(tiny):
     d, args = tiny
     run = d / "finished"
@@ -160,7 +159,6 @@ def test_finished_run_resume_and_requeue(tiny):
     assert more["started"] == status["started"] and more["resumed"] > status["updated"]
 
 
-@pytest.mark.slow
 def test_eval_json_schema_and_closed_pipe_and_no_weights_only_advice(tiny, tmp_path):
     import torch
     d, args = tiny

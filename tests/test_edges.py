@@ -78,7 +78,6 @@ def _cfg(tmp_path, synth_pair, test=False, **train):
     return p
 
 
-@pytest.mark.slow
 def test_second_training_on_a_live_run_folder_stops_at_once(tmp_path, synth_pair):
     """Run A is alive inside a checkpoint write (its temp file on disk). A second fresh
     run and a --resume on the same folder stop at once naming A (host, pid, start time)
@@ -131,7 +130,6 @@ def test_run_lock_is_released_when_the_holder_dies(tmp_path):
 
 # ---------------------------------------------------------------- best model after a kill
 
-@pytest.mark.slow
 def test_kill_between_best_and_last_keeps_best_model_exact(tmp_path, synth_pair):
     """SIGKILL after best.pt and before last.pt of epoch 1, then --resume: best.pt is
     bit-identical to an uninterrupted run's, and data.test is scored on it alike."""
@@ -494,6 +492,8 @@ def _mpiexec():
 needs_mpi = pytest.mark.skipif(_mpiexec() is None, reason="mpiexec not found")
 
 
+# slow (left out of the default run): by default, test_resumed_plan_covers_the_epoch_exactly_once
+# checks the re-dealt plan and test_resume.py the MPI kill and resume
 @pytest.mark.slow
 @needs_mpi
 @pytest.mark.mpi
@@ -536,7 +536,6 @@ def test_resume_on_another_rank_count_trains_each_sequence_once(tmp_path, synth_
     assert f"resume with: mpiexec -n 2 rnntrain train {cfg}" in text, text[-2000:]
 
 
-@pytest.mark.slow
 @needs_mpi
 @pytest.mark.mpi
 def test_mpi_abort_leaves_status_failed_with_the_reason(tmp_path, synth_pair):

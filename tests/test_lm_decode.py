@@ -344,7 +344,6 @@ def test_built_models_are_normalised(tmp_path, smoothing):
 
 # -- the commands, end to end ------------------------------------------------------------
 
-@pytest.mark.slow
 def test_eval_decode_tune_with_lexicon_and_lm_through_the_cli(tmp_path):
     import json
 
