@@ -84,29 +84,64 @@ def test_bad_training_file(bad_file_runs, case):
     assert not list(run.glob("checkpoints/*.pt")), "a checkpoint was written from bad data"
 
 
-def test_val_input_size_differs(tmp_path, good_nc):
-    p = train(config(tmp_path, good_nc[0], val=good_nc[1]), f"run.dir={tmp_path / 'r'}")
-    assert_clean_error(p, str(good_nc[1]), "inputPattSize 4 differs from training data",
-                       str(good_nc[0]), "(3)")
-
-
-def test_bad_validation_file(tmp_path, good_nc):
-    bad = BAD_FILES["nan_inputs"][0](tmp_path / "val.nc")
-    p = train(config(tmp_path, good_nc[0], val=bad), f"run.dir={tmp_path / 'r'}")
-    assert_clean_error(p, str(bad), "sequence 2 ('utt2')", "NaN or Inf")
-
-
-def test_checkpoint_input_size_differs_on_resume(tmp_path, trained, good_nc):
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory, trained, good_nc):
+    """Command lines refused before training (each in a folder of its own), all in one
+    process (run_cli_batch) → {name: (result, folder)}. test_missing_data_path and
+    test_run_dir_not_writable below run theirs as processes of their own."""
+    d = tmp_path_factory.mktemp("refused")
     cfg, run = trained
-    p = train(cfg, f"run.dir={run}", f"data.train={good_nc[1]}", "--resume", "auto")
-    assert_clean_error(p, str(good_nc[1]), "inputPattSize 4 differs from checkpoint",
-                       str(run / "checkpoints"), "(3)")
+    evil = d / "code" / "evil.pt"
+    evil.parent.mkdir()
+    torch.save({"format": 1, "model": _Payload(d / "code" / "pwned")}, evil)
+    cases = {
+        "val_size": lambda t: ("train", config(t, good_nc[0], val=good_nc[1]),
+                               f"run.dir={t / 'r'}"),
+        "val_nan": lambda t: ("train", config(t, good_nc[0], val=BAD_FILES["nan_inputs"][0](
+            t / "val.nc")), f"run.dir={t / 'r'}"),
+        "resume_size": lambda t: ("train", cfg, f"run.dir={run}", f"data.train={good_nc[1]}",
+                                  "--resume", "auto"),
+        "eval_size": lambda t: ("eval", run / "checkpoints" / "last.pt", good_nc[1]),
+        "not_set": lambda t: ("train", _write(t / "c.toml", "[model]\nhidden = 8\n")),
+        "other_model": lambda t: ("train", cfg, f"run.dir={run}", "model.hidden=9", "--resume",
+                                  "auto"),
+        "code": lambda t: ("eval", evil, good_nc[0]),
+        "no_checkpoint": lambda t: ("train", config(t, good_nc[0]), f"run.dir={t / 'run'}",
+                                    "--resume", "auto"),
+    }
+    argvs = {}
+    for name, make in cases.items():
+        (d / name).mkdir(exist_ok=True)
+        argvs[name] = ("rnntrain", *make(d / name))
+    res = run_cli_batch(list(argvs.values()))
+    return {name: (r, d / name) for name, r in zip(argvs, res)}
 
 
-def test_checkpoint_input_size_differs_on_eval(trained, good_nc):
+def _write(path, text):
+    path.write_text(text)
+    return path
+
+
+def test_val_input_size_differs(refused, good_nc):
+    assert_clean_error(refused["val_size"][0], str(good_nc[1]),
+                       "inputPattSize 4 differs from training data", str(good_nc[0]), "(3)")
+
+
+def test_bad_validation_file(refused):
+    p, d = refused["val_nan"]
+    assert_clean_error(p, str(d / "val.nc"), "sequence 2 ('utt2')", "NaN or Inf")
+
+
+def test_checkpoint_input_size_differs_on_resume(refused, trained, good_nc):
     _, run = trained
-    p = run_cli("rnntrain", "eval", run / "checkpoints" / "last.pt", good_nc[1])
-    assert_clean_error(p, str(good_nc[1]), "inputPattSize 4 differs from the checkpoint's (3)")
+    assert_clean_error(refused["resume_size"][0], str(good_nc[1]),
+                       "inputPattSize 4 differs from checkpoint", str(run / "checkpoints"),
+                       "(3)")
+
+
+def test_checkpoint_input_size_differs_on_eval(refused, good_nc):
+    assert_clean_error(refused["eval_size"][0], str(good_nc[1]),
+                       "inputPattSize 4 differs from the checkpoint's (3)")
 
 
 BAD_CONFIGS = [
@@ -140,10 +175,8 @@ def test_missing_data_path(tmp_path):
     assert_clean_error(p, str(tmp_path / "nowhere.nc"), "not found")
 
 
-def test_data_path_not_set(tmp_path):
-    cfg = tmp_path / "c.toml"
-    cfg.write_text("[model]\nhidden = 8\n")
-    assert_clean_error(train(cfg), "data.train is not set")
+def test_data_path_not_set(refused):
+    assert_clean_error(refused["not_set"][0], "data.train is not set")
 
 
 def test_run_dir_not_writable(tmp_path, good_nc):
@@ -164,10 +197,9 @@ def test_fresh_run_refuses_a_folder_with_checkpoints(trained):
     assert (run / "config.toml").read_bytes() == config_toml
 
 
-def test_resume_with_other_model_section(tmp_path, trained):
-    cfg, run = trained
-    p = train(cfg, f"run.dir={run}", "model.hidden=9", "--resume", "auto")
-    assert_clean_error(p, "model section differs from the config", "'hidden': (8, 9)")
+def test_resume_with_other_model_section(refused):
+    assert_clean_error(refused["other_model"][0], "model section differs from the config",
+                       "'hidden': (8, 9)")
 
 
 def test_corrupt_checkpoints_fall_back(tmp_path, trained):
@@ -410,16 +442,13 @@ class _Payload:
         return (open, (self.marker, "w"))
 
 
-def test_checkpoint_with_code_is_refused(tmp_path, good_nc):
-    marker = tmp_path / "pwned"
-    evil = tmp_path / "evil.pt"
-    torch.save({"format": 1, "model": _Payload(marker)}, evil)
-    p = run_cli("rnntrain", "eval", evil, good_nc[0])
-    assert_clean_error(p, str(evil), "not a readable checkpoint")
-    assert not marker.exists(), "loading a checkpoint ran code"
+def test_checkpoint_with_code_is_refused(refused):
+    p, d = refused["code"]
+    assert_clean_error(p, str(d / "evil.pt"), "not a readable checkpoint")
+    assert not (d / "pwned").exists(), "loading a checkpoint ran code"
 
 
-def test_resume_without_checkpoint(tmp_path, good_nc):
-    run = tmp_path / "run"
-    p = train(config(tmp_path, good_nc[0]), f"run.dir={run}", "--resume", "auto")
-    assert_clean_error(p, f"--resume auto: no checkpoint in {run / 'checkpoints'}", "run.dir=")
+def test_resume_without_checkpoint(refused):
+    p, d = refused["no_checkpoint"]
+    assert_clean_error(p, f"--resume auto: no checkpoint in {d / 'run' / 'checkpoints'}",
+                       "run.dir=")
