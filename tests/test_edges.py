@@ -273,11 +273,12 @@ def test_fifo_and_device_refused_before_opening(tmp_path, synth_pair):
                 Dataset.open(str(bad))
         with pytest.raises(ConfigError, match="FIFO"):
             load_config(str(fifo))
-    p = run_cli("rnntrain", "train", config(tmp_path, fifo), f"run.dir={tmp_path / 'r'}",
-                timeout=120)
-    assert_clean_error(p, str(fifo), "FIFO (named pipe), not a regular file")
-    p = run_cli("rnntrain", "eval", fifo, synth_pair[1], timeout=120)
-    assert_clean_error(p, str(fifo), "checkpoint is a FIFO")
+    # both commands in one process (a hang would end it at the timeout all the same)
+    tr, ev = run_cli_batch([("rnntrain", "train", config(tmp_path, fifo),
+                             f"run.dir={tmp_path / 'r'}"),
+                            ("rnntrain", "eval", fifo, synth_pair[1])], timeout=120)
+    assert_clean_error(tr, str(fifo), "FIFO (named pipe), not a regular file")
+    assert_clean_error(ev, str(fifo), "checkpoint is a FIFO")
 
 
 def _zero_seq_nc(path):
@@ -295,11 +296,12 @@ def _zero_seq_nc(path):
 
 def test_zero_sequences_in_train_eval_inspect(tmp_path, tiny_run):
     zero = _zero_seq_nc(tmp_path / "zero.nc")
-    p = run_cli("rnntrain", "train", config(tmp_path, zero), f"run.dir={tmp_path / 'r'}")
-    assert_clean_error(p, str(zero), "numSeqs", "no sequences")
+    tr, ev = run_cli_batch([("rnntrain", "train", config(tmp_path, zero),
+                             f"run.dir={tmp_path / 'r'}"),
+                            ("rnntrain", "eval", tiny_run[2] / "checkpoints" / "last.pt", zero)])
+    assert_clean_error(tr, str(zero), "numSeqs", "no sequences")
     assert not (tmp_path / "r").exists(), "bad data must not leave a run folder behind"
-    p = run_cli("rnntrain", "eval", tiny_run[2] / "checkpoints" / "last.pt", zero)
-    assert_clean_error(p, str(zero), "no sequences")
+    assert_clean_error(ev, str(zero), "no sequences")
     p = run_cli("data_tools", "inspect", zero)
     assert p.returncode == 2 and "Traceback" not in p.stderr and "no sequences" in p.stderr
 
