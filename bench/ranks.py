@@ -14,7 +14,8 @@
    2-core machine: fine for the gap, not for speed).
 
 4. torch.distributed rows: the same 2-rank run under torchrun, and the exchange alone
-   over gloo's TCP, beside MPI's.
+   over gloo's TCP, beside MPI's; the 2-rank torchrun run with the exchange overlapped
+   with backward (``dist.overlap = "on"``) vs not.
 
     python -m bench.ranks [--quick]
 """
@@ -73,7 +74,7 @@ def _metrics(run_dir: Path) -> dict:
     recs = [r for r in recs if r["split"] == "train"]
     recs = recs[1:] if len(recs) > 1 else recs
     keys = ("frames_per_s", "compute_s", "comm_s", "update_s", "reduce_s", "data_wait_s",
-            "straggler_gap_s")
+            "straggler_gap_s", "buckets_in_backward")
     out = {k: float(np.mean([r.get(k, 0.0) for r in recs])) for k in keys}
     out["step_s"] = sum(out[k] for k in ("compute_s", "comm_s", "update_s", "reduce_s",
                                          "data_wait_s"))
@@ -165,7 +166,7 @@ def exchange_worker(mode: str, wire: str, steps: int):
         flat.grad.copy_(g)
         flat.buf[flat.numel:] = 1.0
         ex.reduce(i)
-        ex.step(opt, torch.tensor(True))
+        ex.apply_update(opt, torch.tensor(True))
         ex.publish(i)
     for i in range(2):
         one(i)
@@ -213,6 +214,7 @@ def torch_rows(cfg: Path, work: Path, one: dict, two_mpi: dict, steps: int,
         lines.append(f"| {eng} | {name} | {m['frames_per_s']:.0f} | "
                      f"{m['frames_per_s'] / one['frames_per_s']:.2f}x | {m['step_s']:.3f} | "
                      f"{m['comm_s']:.4f} |")
+    lines += overlap_rows(cfg, work, t2)
     lines += ["", "| engine | ranks | mode | wire | rank 0 sent / received | other rank "
               "sent / received | time/exchange (TCP) |", "|---|---|---|---|---|---|---|"]
     combos = (("allreduce", "fp32"), ("master", "fp32"), ("allreduce", "bf16"))
@@ -225,6 +227,29 @@ def torch_rows(cfg: Path, work: Path, one: dict, two_mpi: dict, steps: int,
                          f"{wire} | {sent[0]:.2f} / {recv[0]:.2f} | {sent[1]:.2f} / "
                          f"{recv[1]:.2f} | {x['s'] * 1e3:.1f} ms |")
     lines += ["", "Bytes in units of the fp32 gradient size.", ""]
+    return lines
+
+
+OVERLAP_BUCKET_MB = 0.5  # a few buckets for the default model's 2.4 MB gradient
+
+
+def overlap_rows(cfg: Path, work: Path, plain: dict) -> list[str]:
+    """2 torchrun ranks (gloo), the exchange overlapped with the last task's backward
+    (``dist.overlap = "on"``) vs after it (``plain``: the torch run just before)."""
+    runs = {"off": plain, "on": _train(2, cfg, work / "torch-overlap", "dist.overlap=on",
+                                       f"dist.bucket_mb={OVERLAP_BUCKET_MB}", engine="torch")}
+    lines = ["", f"Overlap with backward (`dist.overlap`, torch backend, 2 ranks, gloo, "
+             f"dist.bucket_mb = {OVERLAP_BUCKET_MB}): compute s includes the last task's "
+             "backward, during which the buckets already travel; exchange s is what is left "
+             "to wait for after it. On CPU ranks gloo's TCP thread competes with the compute "
+             "for the same cores; on a shared machine the figures are indicative only.", "",
+             "| dist.overlap | frames/s | step s | compute s | exchange s (incl. wait) | "
+             "buckets started in backward |", "|---|---|---|---|---|---|"]
+    for name in ("off", "on"):
+        m = runs[name]
+        early = f"{100 * m['buckets_in_backward']:.0f}%" if name == "on" else "-"
+        lines.append(f"| {name} | {m['frames_per_s']:.0f} | {m['step_s']:.3f} | "
+                     f"{m['compute_s']:.3f} | {m['comm_s']:.4f} | {early} |")
     return lines
 
 

@@ -133,6 +133,18 @@ def parse_labels_arg(a):
     return parse_labels(a.labels) if a.labels else None
 
 
+def _float_range(flag: str, text: str) -> tuple[float, float]:
+    """'A-B' or 'A' → (A, B) as finite floats, else one clean error line."""
+    import math
+    try:
+        lo, hi = (float(v) for v in text.split("-", 1)) if "-" in text else (float(text),) * 2
+    except ValueError:
+        raise UserError(f"{flag} {text!r}: give A-B (two numbers)") from None
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise UserError(f"{flag} {text!r}: give finite numbers")
+    return lo, hi
+
+
 def _render_lines(a):
     from .render import render_lines
     try:
@@ -140,7 +152,9 @@ def _render_lines(a):
     except ValueError:
         raise UserError(f"--sizes {a.sizes!r}: give A-B (font sizes in pixels)") from None
     lst = render_lines(a.out, a.count, a.fonts.replace(",", " ").split(), (lo, hi), a.seed,
-                       a.rotate, a.blur, a.noise, a.max_chars, a.text)
+                       a.rotate, a.blur, a.noise, a.max_chars, a.text,
+                       margin=_float_range("--margin", a.margin) if a.margin else None,
+                       stretch=_float_range("--stretch", a.stretch))
     print(f"wrote {a.count} lines and {lst}")
 
 
@@ -295,6 +309,11 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--fonts", default="DejaVuSans,DejaVuSerif,DejaVuSansMono",
                     help="font file stems from matplotlib's fonts or .ttf paths, comma-separated")
     rl.add_argument("--sizes", default="18-28", help="font sizes in pixels, A-B")
+    rl.add_argument("--margin", default=None,
+                    help="paper above and below the text, each side drawn from A-B times the "
+                         "font size (default: a quarter of the size)")
+    rl.add_argument("--stretch", default="1",
+                    help="width factor drawn from A-B (e.g. 0.75-1.25: narrow and wide faces)")
     rl.add_argument("--rotate", type=float, default=1.5, help="max rotation in degrees")
     rl.add_argument("--blur", type=float, default=1.0, help="max Gaussian blur radius (px)")
     rl.add_argument("--noise", type=float, default=8.0, help="max noise std (grey levels)")

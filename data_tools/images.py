@@ -12,7 +12,8 @@ char arrays.
 Pixels (PNG, JPEG, TIFF, anything Pillow opens): grayscale in [0, 1] with ink high and
 background 0 (``--invert auto`` inverts images whose median is light, i.e. dark text on a
 light background), so that zero padding is background. ``--height H`` rescales every
-image to H pixels keeping the aspect ratio (bilinear); 0 keeps the sizes.
+image to H pixels keeping the aspect ratio (bilinear); 0 keeps the sizes. The preparation
+is ``rnntrain.frontend.images``, the one ``rnntrain transcribe`` applies to new images.
 
 Layouts: ``2d`` (default) writes RNNLIB's 2-D layout (numDims = 2, seqDims = height,
 width, pixels column-major, readable by RNNLIB; see ``rnntrain.data.ncdata``);
@@ -31,13 +32,13 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from data_tools.audio import list_lines
 from rnntrain.data import ncdata
 from rnntrain.errors import UserError
-
-SPACE = "<space>"
+# the image preparation lives in the front end, shared with transcribe; prepare and
+# pixels stay importable from here (bench/ocr.py and users' scripts)
+from rnntrain.frontend.images import SPACE, ImageSettings, char_label, label_char, \
+    open_image, pixels, prepare, target_size  # noqa: F401
 
 
 @dataclass
@@ -45,16 +46,6 @@ class Item:
     line: int
     path: Path
     text: str
-
-
-@dataclass
-class ImageSettings:
-    """How an image becomes pixels (saved in the file; ``prepare`` applies it)."""
-    height: int = 0            # 0: keep each image's height
-    invert: str = "auto"       # "auto", "yes", "no"
-
-    def describe(self) -> dict:
-        return {"height": self.height, "invert": self.invert, "scale": "0..1, ink high"}
 
 
 def read_list(list_path) -> list[Item]:
@@ -68,27 +59,6 @@ def read_list(list_path) -> list[Item]:
     return out
 
 
-def char_label(ch: str, space: str = SPACE) -> str:
-    """One character's label name: itself (printable ASCII), ``space``, or U+XXXX."""
-    if ch == " ":
-        return space
-    if "!" <= ch <= "~":
-        return ch
-    return f"U+{ord(ch):04X}"
-
-
-def label_char(name: str, space: str = SPACE) -> str:
-    """The inverse of ``char_label`` (for printing transcriptions as text)."""
-    if name == space:
-        return " "
-    if name.startswith("U+") and len(name) > 2:
-        try:
-            return chr(int(name[2:], 16))
-        except ValueError:
-            pass
-    return name
-
-
 def ascii_alphabet(space: str = SPACE) -> list[str]:
     """``--alphabet ascii``: the space, then the printable ASCII characters in code order."""
     return [space] + [chr(c) for c in range(33, 127)]
@@ -98,57 +68,6 @@ def text_labels(text: str, space: str = SPACE) -> list[str]:
     """Plain text → label names: NFC, whitespace runs → one space, stripped."""
     text = " ".join(unicodedata.normalize("NFC", text).split())
     return [char_label(c, space) for c in text]
-
-
-def open_image(path: Path, where: str):
-    from PIL import Image, UnidentifiedImageError
-    if not path.is_file():
-        raise UserError(f"{where}: image file not found")
-    try:
-        im = Image.open(path)
-        im.size  # noqa: B018  (the header is read here)
-        return im
-    except (UnidentifiedImageError, OSError) as e:
-        raise UserError(f"{where}: cannot read as an image ({e})") from None
-
-
-def target_size(size: tuple[int, int], height: int) -> tuple[int, int]:
-    """(width, height) of an image after scaling to ``height`` (0: unchanged)."""
-    w, h = size
-    if not height or h == height:
-        return w, h
-    return max(1, round(w * height / h)), height
-
-
-def pixels(im, settings: ImageSettings, where: str = "") -> np.ndarray:
-    """A Pillow image → (H, W) float32 in [0, 1], ink high, scaled per ``settings``."""
-    from PIL import Image, ImageOps
-    try:
-        im = ImageOps.exif_transpose(im)
-        if im.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
-            a = np.asarray(im.convert("F" if im.mode != "F" else im.mode), dtype=np.float32)
-            top = 65535.0 if im.mode.startswith("I;16") else max(float(a.max()), 1.0)
-            a = a / top
-        else:
-            if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
-                bg = Image.new("RGBA", im.size, (255, 255, 255, 255))  # transparent = paper
-                im = Image.alpha_composite(bg, im.convert("RGBA"))
-            a = np.asarray(im.convert("L"), dtype=np.float32) / 255.0
-    except OSError as e:
-        raise UserError(f"{where}: cannot decode the image ({e})") from None
-    inv = settings.invert == "yes" or (settings.invert == "auto" and np.median(a) > 0.5)
-    if inv:
-        a = 1.0 - a
-    w, h = target_size((a.shape[1], a.shape[0]), settings.height)
-    if (w, h) != (a.shape[1], a.shape[0]):
-        a = np.asarray(Image.fromarray(a).resize((w, h), Image.BILINEAR),
-                       dtype=np.float32)
-    return np.clip(a, 0.0, 1.0)
-
-
-def prepare(path, settings: ImageSettings) -> np.ndarray:
-    """One image file → (H, W) pixels as the converter writes them (for inference)."""
-    return pixels(open_image(Path(path), str(path)), settings, str(path))
 
 
 def convert_images(list_path, out, settings: ImageSettings, chars: bool = False,

@@ -12,9 +12,12 @@ sentences from its English word list, names, street addresses, company names, da
 numbers (ASCII lines only), cut at word boundaries to at most ``--max-chars`` characters. Or ``--text FILE``:
 lines of any UTF-8 text file, in order, cycled.
 
-Each line is drawn black on white at a size drawn from ``--sizes``, then varied: rotation
-up to ``--rotate`` degrees, ink grey level, Gaussian blur up to ``--blur`` pixels and
-additive Gaussian noise (``--noise``, std in grey levels / 255), each drawn from a
+Each line is drawn black on white at a size drawn from ``--sizes``, then varied: the
+paper margin above and below the text (``--margin A-B``, a fraction of the font size on
+each side: how tightly a line segmenter crops), the width (``--stretch A-B``, a factor:
+narrow and wide typefaces), rotation up to ``--rotate`` degrees, ink grey level, Gaussian
+blur up to ``--blur`` pixels and additive Gaussian noise (``--noise``, std in grey levels
+/ 255), each drawn from a
 generator seeded by (--seed, line number), so a set is reproducible and its lines
 independent. Output: ``OUT/img/NNNNNN.png`` and ``OUT/list.tsv`` (``img/NNNNNN.png<TAB>text``,
 the input of ``rnntrain-data images --chars``).
@@ -91,19 +94,32 @@ def file_lines(path: str, count: int, max_chars: int) -> list[str]:
 
 
 def render_line(text: str, font_path: Path, size: int, rng: np.random.Generator,
-                rotate: float, blur: float, noise: float):
-    """One text line → a grayscale Pillow image (dark ink on white paper)."""
+                rotate: float, blur: float, noise: float,
+                margin: tuple[float, float] | None = None,
+                stretch: tuple[float, float] = (1.0, 1.0)):
+    """One text line → a grayscale Pillow image (dark ink on white paper).
+
+    margin: (lo, hi) fractions of ``size`` drawn for the paper above and below the text
+    (each side on its own); None: a quarter of the size. stretch: (lo, hi) width factor.
+    """
     from PIL import Image, ImageDraw, ImageFilter, ImageFont
     font = ImageFont.truetype(str(font_path), size)
     left, top, right, bottom = font.getbbox(text)
     ascent, descent = font.getmetrics()
     pad = max(2, size // 4)
+    if margin is None:
+        above = below = pad
+    else:
+        above, below = (max(1, round(size * float(rng.uniform(*margin)))) for _ in range(2))
     w = max(right, 1) + 2 * pad
-    h = ascent + descent + 2 * pad
+    h = ascent + descent + above + below
     ink = int(rng.integers(0, 90))                       # black to dark grey
     paper = int(rng.integers(215, 256))
     im = Image.new("L", (w, h), paper)
-    ImageDraw.Draw(im).text((pad, pad), text, font=font, fill=ink)
+    ImageDraw.Draw(im).text((pad, above), text, font=font, fill=ink)
+    if stretch != (1.0, 1.0):
+        f = float(rng.uniform(*stretch))
+        im = im.resize((max(1, round(w * f)), h), resample=Image.BILINEAR)
     if rotate:
         im = im.rotate(float(rng.uniform(-rotate, rotate)), resample=Image.BILINEAR,
                        expand=True, fillcolor=paper)
@@ -119,7 +135,9 @@ def render_line(text: str, font_path: Path, size: int, rng: np.random.Generator,
 
 def render_lines(out: str, count: int, fonts: list[str], sizes: tuple[int, int], seed: int,
                  rotate: float = 1.5, blur: float = 1.0, noise: float = 8.0,
-                 max_chars: int = 40, text: str | None = None, progress: bool = True) -> Path:
+                 max_chars: int = 40, text: str | None = None, progress: bool = True,
+                 margin: tuple[float, float] | None = None,
+                 stretch: tuple[float, float] = (1.0, 1.0)) -> Path:
     """Write ``count`` rendered lines into ``out``; returns the list file's path."""
     from tqdm import tqdm
     if count < 1:
@@ -128,6 +146,11 @@ def render_lines(out: str, count: int, fonts: list[str], sizes: tuple[int, int],
         raise UserError("--fonts: give at least one font")
     if not 4 <= sizes[0] <= sizes[1]:
         raise UserError(f"--sizes {sizes[0]}-{sizes[1]}: give A-B with 4 <= A <= B")
+    if margin is not None and not 0 <= margin[0] <= margin[1] <= 4:
+        raise UserError(f"--margin {margin[0]}-{margin[1]}: give A-B with 0 <= A <= B <= 4")
+    if not 0.2 <= stretch[0] <= stretch[1] <= 5:
+        raise UserError(f"--stretch {stretch[0]}-{stretch[1]}: give A-B with "
+                        f"0.2 <= A <= B <= 5")
     paths = [find_font(f) for f in fonts]
     lines = file_lines(text, count, max_chars) if text else faker_lines(count, seed, max_chars)
     odir = Path(out)
@@ -138,7 +161,7 @@ def render_lines(out: str, count: int, fonts: list[str], sizes: tuple[int, int],
         rng = np.random.default_rng([seed, i])
         k = int(rng.integers(len(paths)))
         im = render_line(line, paths[k], int(rng.integers(sizes[0], sizes[1] + 1)), rng,
-                         rotate, blur, noise)
+                         rotate, blur, noise, margin, stretch)
         name = f"img/{i:06d}.png"
         im.save(odir / name)
         rows.append(f"{name}\t{line}\n")

@@ -9,31 +9,42 @@
 #          STIX: SIL Open Font License 1.1);
 #   text   Faker's en_US providers (the `faker` package, MIT licence): English-like
 #          sentences from its word list, names, addresses, companies, dates, numbers.
-# Training and validation lines use DejaVu Sans, Sans Bold, Sans Mono and Serif; the test
-# lines use STIX General (a Times-like serif) only. Lines are 32 pixels high after
-# scaling, up to 32 characters; the alphabet is printable ASCII plus <space> (95 labels),
+# Training and validation lines use the twelve DejaVu faces (Sans, Sans Mono and Serif, each
+# regular, bold, oblique/italic, bold oblique/italic), with varied margins and widths; the
+# test lines use STIX General only (a Times-like serif; no STIX face is seen in training),
+# drawn without the training lines' margin and width variation. Lines are 32 pixels high
+# after scaling, up to 32 characters; the alphabet is printable ASCII plus <space> (95 labels),
 # so the character error rate is the label error rate `rnntrain eval` prints.
 # Sizes (environment): TRAIN_LINES (default 4000), VAL_LINES (200), TEST_LINES (400).
 # Data go to data/printed_lines/, the run to runs/printed_lines/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# the project's environment, set up on first use as run_train.sh does ($PYTHON: your own;
+# the dev extra brings Pillow and Faker)
+[ -n "${PYTHON:-}" ] || source scripts/env.sh
 PY="${PYTHON:-python}"
 OUT=data/printed_lines
 TRAIN_LINES=${TRAIN_LINES:-4000}
 VAL_LINES=${VAL_LINES:-200}
 TEST_LINES=${TEST_LINES:-400}
 "$PY" -c "import PIL, faker, matplotlib" 2>/dev/null || {
-    echo "printed_lines.sh: needs Pillow, Faker and matplotlib: pip install -e '.[images]'" >&2
+    echo "printed_lines.sh: $PY needs Pillow, Faker and matplotlib: pip install -e '.[images]'" >&2
     exit 2; }
 
 if [ ! -f "$OUT/test.nc" ]; then
     rm -rf "$OUT"
-    SEEN=DejaVuSans,DejaVuSans-Bold,DejaVuSansMono,DejaVuSerif
+    # the twelve DejaVu faces (Sans, Sans Mono, Serif; regular, bold, oblique/italic)
+    SEEN=$(printf '%s,' DejaVuSans{,-Bold,-Oblique,-BoldOblique} \
+        DejaVuSansMono{,-Bold,-Oblique,-BoldOblique} DejaVuSerif{,-Bold,-Italic,-BoldItalic})
+    SEEN=${SEEN%,}
     common=(--sizes 18-30 --rotate 1.5 --blur 1.0 --noise 10 --max-chars 32)
+    # training lines vary their margins and widths as line crops and typefaces do (STIX is
+    # narrower than DejaVu and its line metrics are taller); the test font is drawn as is
+    vary=(--margin 0.1-0.6 --stretch 0.75-1.3)
     "$PY" -m data_tools render-lines --out "$OUT/train" --count "$TRAIN_LINES" --fonts "$SEEN" \
-        --seed 21 "${common[@]}"
+        --seed 21 "${common[@]}" "${vary[@]}"
     "$PY" -m data_tools render-lines --out "$OUT/val" --count "$VAL_LINES" --fonts "$SEEN" \
-        --seed 22 "${common[@]}"
+        --seed 22 "${common[@]}" "${vary[@]}"
     "$PY" -m data_tools render-lines --out "$OUT/test" --count "$TEST_LINES" --fonts STIXGeneral \
         --seed 23 "${common[@]}"
     # one fixed alphabet for the three sets: <space> and printable ASCII in code order

@@ -143,21 +143,24 @@ def _cmd_decode(args) -> int:
 def _cmd_transcribe(args) -> int:
     if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         raise UserError(f"--out {args.out}: its folder does not exist")
-    if args.beam < 0 or args.threads < 0:
-        raise UserError("--beam and --threads must be >= 0")
+    if args.threads < 0:
+        raise UserError("--threads must be >= 0")
+    from rnntrain.decode.options import decoder_from_args
     from rnntrain.infer.api import load
     from rnntrain.infer.transcribe import expand, transcribe
     expand(args.inputs)  # every input exists and is of a known kind, before the model loads
     threads = args.threads or os.cpu_count() or 1
     # ONNX Runtime: one intra-op thread per worker thread, as for torch
     model = load(args.model, device=args.device, threads=1 if threads > 1 else 0)
+    # the compiled decoder that decode and eval use: the same hypotheses for the same input
+    decoder = decoder_from_args(args, model.labels, model.blank)
     if not args.out:
-        transcribe(model, args.inputs, args.beam, threads, args.json, sys.stdout)
+        transcribe(model, args.inputs, decoder, threads, args.json, sys.stdout)
         return 0
     tmp = f"{args.out}.tmp{os.getpid()}"  # no partial file under the name if interrupted
     try:
         with open(tmp, "w", encoding="utf-8") as fh:
-            n = transcribe(model, args.inputs, args.beam, threads, args.json, fh)
+            n = transcribe(model, args.inputs, decoder, threads, args.json, fh)
         os.replace(tmp, args.out)
     finally:
         if os.path.exists(tmp):
@@ -171,7 +174,9 @@ def _cmd_export(args) -> int:
     if args.format not in FORMATS:
         raise UserError(f"--format {args.format!r}: choose one of {', '.join(FORMATS)}")
     from rnntrain.infer.api import load
+    from rnntrain.infer.export import check_out
     from rnntrain.infer.transcribe import expand
+    check_out(args.out)  # before the model loads and the export runs
     model = load(args.model)
     if args.check:  # real utterances to check the export on
         frames = [model.frames(s.path) for s in expand(args.check)[:8] if s.kind == "file"]
@@ -180,7 +185,8 @@ def _cmd_export(args) -> int:
         frames, where = training_frames(model)
         where = where or "random frames (the training data is not here; give --check)"
     path = model.export(args.out, args.format, frames)
-    fe = model.frontend.describe() if model.frontend is not None else "no front end"
+    fe = model.frontend.describe() if model.frontend is not None else \
+        model.image.describe() if model.image is not None else "no front end"
     print(f"wrote {path}: {args.format}, {len(model.labels)} labels, {model.input_size} "
           f"inputs, stacking {model.subsample}; {fe}; log-probs checked against the model "
           f"on {where} (max difference <= {TOLERANCE:g})")
@@ -273,15 +279,16 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--word-bonuses", default="-1,0,1,2",
                    help="comma-separated word bonuses to try")
     u.add_argument("--json", action="store_true", help="print the table as JSON")
-    tr = sub.add_parser("transcribe", help="transcribe audio, feature arrays or NetCDF files",
+    tr = sub.add_parser("transcribe", help="transcribe audio, images, feature arrays or NetCDF "
+                                           "files",
                         description="One line per utterance: input, hypothesis, and the time "
                                     "(s) of each label's CTC peak (TSV), or JSON lines.")
     tr.add_argument("model", help="checkpoint, run folder (its best.pt) or exported model")
     tr.add_argument("inputs", nargs="+", metavar="INPUT",
-                    help="audio files (WAV, FLAC, ...), .npy arrays, .nc files, folders, or "
-                         "list files (one path per line)")
-    tr.add_argument("--beam", type=int, default=0, help="prefix beam search width (0 = best "
-                                                        "path)")
+                    help="audio files (WAV, FLAC, ...), images (PNG, JPEG, TIFF; models "
+                         "trained on images), .npy arrays, .nc files, folders, or list files "
+                         "(one path per line)")
+    add_decoder_arguments(tr, threads=False)  # --beam, --lm, --lexicon as decode takes them
     tr.add_argument("--json", action="store_true", help="JSON lines instead of TSV")
     tr.add_argument("--out", help="write here instead of stdout")
     tr.add_argument("--threads", type=int, default=0,
@@ -294,7 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--format", required=True, help="torchscript or onnx")
     x.add_argument("--out", required=True, help="output file (.pt/.ts or .onnx)")
     x.add_argument("--check", nargs="*", metavar="INPUT", default=None,
-                   help="audio or .npy files to check the export on (default: random frames)")
+                   help="audio, image or .npy files to check the export on (default: the "
+                        "checkpoint's own .nc data when it is there, else random frames)")
     r = sub.add_parser("runs", help="list run folders: status, epochs, best LER, speed")
     r.add_argument("dir", nargs="?", default="runs", help="folder to search")
     r.add_argument("--json", action="store_true", help="print JSON instead of a table")

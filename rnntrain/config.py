@@ -39,6 +39,7 @@ Precision = Literal["fp32", "bf16", "fp16"]
 PlanStrategy = Literal["auto", "length", "sharded", "random"]
 ExchangeMode = Literal["allreduce", "master"]
 DistBackend = Literal["auto", "mpi", "torch"]
+Overlap = Literal["auto", "on", "off"]
 Progress = Literal["auto", "bar", "lines"]
 Frontend = Literal["none", "conv"]
 ConvNorm = Literal["group", "none"]
@@ -118,6 +119,11 @@ class DistConfig:
     mode: ExchangeMode = "allreduce"
     wire: Precision = "fp32"     # gradient wire format
     timeout_s: float = positive(120.0)  # a rank that does not arrive within this is reported dead
+    # the gradient exchange overlapped with the last task's backward, in buckets started in
+    # reverse parameter order as DDP does (torch backend, one worker per rank, allreduce,
+    # fp32 wire); "auto" = on for torchrun ranks on CUDA with one worker, else off
+    overlap: Overlap = "auto"
+    bucket_mb: float = positive(25.0, finite=True)  # overlap bucket size (DDP's default)
 
 
 @dataclass
@@ -264,6 +270,19 @@ def validate(cfg: Config):
         if m.conv_kernel % 2 == 0:
             raise ConfigError(f"model.conv_kernel = {m.conv_kernel} must be odd (the "
                               "convolutions keep the size: padding k // 2 each side)")
+    d = cfg.dist
+    if d.overlap == "on":  # what the overlap cannot do, known before any process starts
+        if d.backend == "mpi":
+            raise ConfigError('dist.overlap = "on" needs dist.backend = "torch" (or "auto" '
+                              'under torchrun): the MPI engine exchanges the whole message '
+                              'after backward')
+        if d.mode != "allreduce":
+            raise ConfigError(f'dist.overlap = "on" needs dist.mode = "allreduce" (got '
+                              f'"{d.mode}": master mode reduces to rank 0 after backward)')
+        if d.wire != "fp32":
+            raise ConfigError(f'dist.overlap = "on" needs dist.wire = "fp32" (got '
+                              f'"{d.wire}": the 16-bit wires encode the whole gradient with '
+                              'one scale after backward)')
     if not cfg.data.train:
         raise ConfigError("data.train is not set (an RNNLIB .nc file or a manifest.json)")
 

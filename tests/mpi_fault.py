@@ -3,8 +3,10 @@
 Used by tests/test_mpi.py and tests/test_torchdist.py:
     python tests/mpi_fault.py RANK KIND STEP CONFIG [overrides...]
 KIND: "raise" (an exception in a worker), "kill" (SIGKILL itself), "stop" (SIGSTOP itself:
-stuck, still alive), "baddata" (this rank reads a missing data file: a UserError), "data=PATH" (this rank
-trains on another file).
+stuck, still alive), "kill-in-backward" (with dist.overlap on: SIGKILL itself during the
+last task's backward, right after its first gradient bucket started), "term" (SIGTERM to
+itself: this rank alone asks to stop), "baddata" (this rank
+reads a missing data file: a UserError), "data=PATH" (this rank trains on another file).
 The fault hits rank RANK when it computes step STEP (0-based, within the epoch).
 """
 import os
@@ -24,6 +26,20 @@ def main():
             argv.append("data.train=/nonexistent/train.nc")
         elif kind.startswith("data="):
             argv.append(f"data.train={kind[5:]}")
+        elif kind == "kill-in-backward":
+            from rnntrain.parallel.torchdist import GradBuckets
+            launch, call, now = GradBuckets._launch, step.TaskComputer.__call__, [0]
+
+            def track(self, worker, task):
+                now[0] = self.key[2]
+                return call(self, worker, task)
+
+            def launch_then_die(self, b):
+                launch(self, b)
+                if now[0] == int(at) and b == 0:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            step.TaskComputer.__call__ = track
+            GradBuckets._launch = launch_then_die
         else:
             orig = step.TaskComputer.__call__
 
@@ -31,7 +47,8 @@ def main():
                 if self.key[2] == int(at):
                     if kind == "raise":
                         raise RuntimeError(f"injected fault at step {at}")
-                    os.kill(os.getpid(), signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
+                    os.kill(os.getpid(), {"kill": signal.SIGKILL, "term": signal.SIGTERM}
+                            .get(kind, signal.SIGSTOP))
                 return orig(self, worker, task)
             step.TaskComputer.__call__ = faulty
     sys.exit(cli.main(["train", *argv]))

@@ -94,3 +94,17 @@ def test_peak_rss_of_a_child_is_its_own_not_its_parents():
     assert ours < 150 * 1024  # a bare interpreter: tens of MB
     # documents the reason for the helper; where the kernel does not carry it, both agree
     assert inherited >= ours
+
+
+def test_kernel_experiments_compute_the_same_layer_as_training():
+    """The hand-written BLSTM layer of ``bench.kernels`` (one input GEMM, both directions
+    per step) gives the output and input gradient of the training path (``lstm_padded``)
+    on unequal lengths, so its timings compare like with like."""
+    import torch
+    from bench import kernels
+    torch.manual_seed(0)
+    rnn = torch.nn.LSTM(kernels.F, kernels.H, bidirectional=True)
+    x, lengths = kernels._task(4, 30, equal=False, seed=1)
+    assert len(set(lengths.tolist())) > 1   # padding inside the task: the case that matters
+    fn = lambda a, b: kernels.handwritten(rnn, a, b)   # noqa: E731
+    assert kernels._check(rnn, x, lengths, fn, 1e-4) < 1e-4

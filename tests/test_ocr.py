@@ -246,6 +246,31 @@ def test_render_lines(tmp_path):
     assert out.returncode == 2 and "cmr10" in out.stderr
 
 
+def test_render_margin_and_stretch_geometry():
+    """--margin puts that much paper above and below the text, --stretch scales the width:
+    checked on a clean line (no rotation, blur or noise) against the font's own metrics."""
+    from PIL import ImageFont
+    from data_tools.render import find_font, render_line
+    font_path, size, text = find_font("DejaVuSans"), 20, "Ag text"
+    ascent, descent = ImageFont.truetype(str(font_path), size).getmetrics()
+
+    def draw(**kw):
+        return np.asarray(render_line(text, font_path, size, np.random.default_rng(5),
+                                      0.0, 0.0, 0.0, **kw))
+    plain = draw()
+    wide = draw(margin=(1.0, 1.0), stretch=(2.0, 2.0))
+    assert wide.shape == (ascent + descent + 2 * size, round(plain.shape[1] * 2.0))
+    ink_rows = np.flatnonzero((wide < 128).any(axis=1))
+    assert ink_rows[0] >= size and ink_rows[-1] < size + ascent + descent  # paper margins
+    ink_cols = np.flatnonzero((plain < 128).any(axis=0))
+    wide_cols = np.flatnonzero((wide < 128).any(axis=0))
+    span, wide_span = ink_cols[-1] - ink_cols[0], wide_cols[-1] - wide_cols[0]
+    assert abs(wide_span - 2 * span) <= 3          # the ink itself is twice as wide
+    for bad in (["--stretch", "0-1"], ["--margin", "x"], ["--margin", "2-1"]):
+        out = run_cli("data_tools", "render-lines", "--out", "unused", *bad)
+        assert out.returncode == 2 and bad[0] in out.stderr and "Traceback" not in out.stderr
+
+
 # ---------------------------------------------------------------- end to end
 
 def write_glyph_sets(tmp_path):

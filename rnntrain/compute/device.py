@@ -126,6 +126,13 @@ class Fence:
         if self.event is not None:
             torch.cuda.current_stream().wait_event(self.event)
 
+    @staticmethod
+    def wait_all(fences):
+        """The current stream waits for every fence in ``fences`` (None entries skipped)."""
+        for f in fences:
+            if f is not None:
+                f.wait()
+
 
 class LossScaler:
     """Dynamic loss scaling for fp16, kept on the device and driven by our flat gradient.

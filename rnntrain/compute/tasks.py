@@ -9,6 +9,8 @@ are views into it, so the optimizer reads the reduced gradient without a copy.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -67,6 +69,7 @@ class TaskComputer:
         # fp16 loss scale: the workers multiply the loss by it (owned by the step runner)
         self.scaler = scaler or LossScaler(device, enabled=precision == "fp16")
         self.key = (0, 0, 0)  # (seed, epoch, batch index): set by begin_step
+        self.n_tasks, self.overlap = 0, None  # set by begin_step
         self.want_errors = True
         self.ready = Fence(device)
 
@@ -75,16 +78,25 @@ class TaskComputer:
             self.buffers.append(torch.zeros(self.numel + N_STATS, device=self.device))
 
     def begin_step(self, n_tasks: int = 0, key: tuple[int, int, int] | None = None,
-                   want_errors: bool | None = None):
+                   want_errors: bool | None = None,
+                   overlap: "tuple[FlatGrad, Callable[[], None]] | None" = None):
         """Main thread, before ``pool.run``: buffers for ``n_tasks`` tasks, the step's
         random key (seed, epoch, batch index) and whether to count label errors; the
         workers' streams then wait for everything queued so far (the previous update, the
-        previous reduce of the task buffers)."""
+        previous reduce of the task buffers).
+
+        ``overlap`` = (flat, arm): the exchange overlaps the last task's backward (one
+        worker, so the tasks run in order on it). That task sums the earlier task buffers
+        and its own figures into ``flat`` (the order of ``FlatGrad.reduce_tasks``), calls
+        ``arm()`` and runs ``backward()``, which adds its gradient into the ``.grad``
+        views of ``flat`` (the same sum, last term last) and fires the exchange's
+        per-parameter hooks as each gradient is final."""
         self.ensure_buffers(n_tasks)
         if key is not None:
             self.key = key
         if want_errors is not None:
             self.want_errors = want_errors
+        self.n_tasks, self.overlap = n_tasks, overlap
         self.ready = Fence(self.device).mark()
 
     def task_buffers(self, n: int) -> list[torch.Tensor]:
@@ -113,12 +125,25 @@ class TaskComputer:
             log_probs, out_len = self.model(x, lengths, gen)
         loss = ctc_loss_sum(log_probs, out_len, targets, self.model.blank)
         scaled = loss * self.scaler.scale if self.scaler.enabled else loss
-        grads = torch.autograd.grad(scaled, self.params)
         buf = self.buffers[task.index]
+        if self.overlap is not None and task.index == self.n_tasks - 1:
+            # figures first: they travel in the first bucket, which starts during backward
+            self._figures(buf[self.numel:], loss, lengths, log_probs, out_len, targets)
+            flat, arm = self.overlap
+            flat.reduce_tasks(self.buffers[: task.index])  # ran before, on this stream
+            flat.stats_tensor.add_(buf[self.numel:])
+            arm()
+            scaled.backward()  # into flat's .grad views; the hooks start the buckets
+            return Fence(self.device).mark()
+        grads = torch.autograd.grad(scaled, self.params)
         torch.cat([g.reshape(-1) for g in grads], out=buf[: self.numel])
-        tail = buf[self.numel:]
+        self._figures(buf[self.numel:], loss, lengths, log_probs, out_len, targets)
+        return Fence(self.device).mark()
+
+    def _figures(self, tail: torch.Tensor, loss, lengths, log_probs, out_len, targets):
+        """tail (N_STATS,) ← loss, sequences, frames, label errors, reference labels."""
         tail[0].copy_(loss.detach())
-        tail[1].fill_(len(frames))
+        tail[1].fill_(len(lengths))
         tail[2].fill_(int(lengths.sum()))
         errors = ref = 0
         if self.want_errors:  # a host read of the best path: see the class docstring
@@ -131,7 +156,6 @@ class TaskComputer:
             ref = int(ref_len.sum())
         tail[3].fill_(errors)
         tail[4].fill_(ref)
-        return Fence(self.device).mark()
 
 
 def cost_model_for(model, precision: str = "fp32") -> CostModel:

@@ -12,9 +12,10 @@ from rnntrain.cli_args import non_negative_int, positive_int
 from rnntrain.errors import UserError
 
 
-def add_decoder_arguments(p, default_threads: int = 0) -> None:
+def add_decoder_arguments(p, default_threads: int = 0, threads: bool = True) -> None:
     """The decoding options of ``eval``, ``decode``, ``tune-decoder`` (and any command that
-    decodes): pass the parsed namespace to ``decoder_from_args``."""
+    decodes): pass the parsed namespace to ``decoder_from_args``. ``threads`` False: the
+    command has its own ``--threads`` (``transcribe``: utterances in parallel)."""
     p.add_argument("--beam", type=non_negative_int, default=None,
                    help="prefix beam search width (0 = best path; default 0, or 8 with "
                         "--lm/--lexicon)")
@@ -27,8 +28,9 @@ def add_decoder_arguments(p, default_threads: int = 0) -> None:
     p.add_argument("--lm-weight", type=float, default=0.5, help="LM score weight (default 0.5)")
     p.add_argument("--word-bonus", type=float, default=0.0,
                    help="added per word (per label without --space); default 0")
-    p.add_argument("--threads", type=positive_int, default=default_threads,
-                   help="threads decoding sequences in parallel (default: the CPU count)")
+    if threads:
+        p.add_argument("--threads", type=positive_int, default=default_threads,
+                       help="threads decoding sequences in parallel (default: the CPU count)")
 
 
 def decoder_from_args(args, labels: Sequence[str], blank: int) -> "Decoder | None":

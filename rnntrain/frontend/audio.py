@@ -32,11 +32,44 @@ def read_audio(path) -> tuple[int, np.ndarray]:
         raise UserError(f"{path}: cannot read as {kind} ({why})") from None
     if x.shape[0] == 0:
         raise UserError(f"{path}: {kind} file has no samples")
+    short = wav_shortfall(path)
+    if short:
+        # libsndfile reads what is there: a cut-off recording would be transcribed (or
+        # converted) as if it were complete
+        raise UserError(f"{path}: truncated WAV file: its data chunk declares {short[0]} "
+                        f"bytes, the file holds {short[1]}")
     # several channels → mono, as the converters have always done (the model is mono)
     x = x.mean(axis=1) if x.shape[1] > 1 else x[:, 0]
     if not np.isfinite(x).all():
         raise UserError(f"{path}: {kind} file contains NaN or Inf samples")
     return int(rate), x
+
+
+def wav_shortfall(path) -> tuple[int, int] | None:
+    """(declared, present) bytes of a RIFF WAV data chunk cut short, else None.
+
+    Sizes 0 and 0xFFFFFFFF mean "unknown" (written by a stream that could not seek back)
+    and are not a shortfall; other formats (RF64, FLAC, ...) are left to libsndfile."""
+    import struct
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as fh:
+            if fh.read(4) != b"RIFF":
+                return None
+            fh.read(4)
+            if fh.read(4) != b"WAVE":
+                return None
+            pos = 12
+            while pos + 8 <= size:
+                fh.seek(pos)
+                cid, n = struct.unpack("<4sI", fh.read(8))
+                if cid == b"data":
+                    have = size - pos - 8
+                    return (n, have) if n not in (0, 0xFFFFFFFF) and n > have else None
+                pos += 8 + n + (n & 1)   # chunks are word-aligned
+    except (OSError, struct.error):
+        return None
+    return None
 
 
 def resample(x: np.ndarray, rate: int, target: int) -> np.ndarray:

@@ -10,7 +10,13 @@ What counts as input: an audio file (WAV, FLAC, ... at any sample rate, channels
 or a 1-D signal (at ``rate``, default the front end's) goes through the recorded front
 end; a ``.npy`` file or 2-D array holds features as the converter received or computed
 them, before normalisation, and is normalised with the training statistics; ``log_probs``
-takes frames exactly as the NetCDF file holds them (already normalised).
+takes frames exactly as the NetCDF file holds them (already normalised). A model trained
+on images converted by ``rnntrain-data images`` takes image files (PNG, JPEG, TIFF, ...)
+or Pillow images, prepared with the converter's settings (``rnntrain.frontend.images``):
+
+    m = rnntrain.load("runs/printed_lines")
+    m.transcribe("line.png").text                 # "Main St. 42": the characters as text
+                                                  # (labels converted with --chars)
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import numpy as np
 
 from rnntrain.errors import UserError
 from rnntrain.frontend.audio import read_npy
+from rnntrain.frontend.images import IMAGE_SUFFIXES
 
 AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aif", ".aiff", ".au",
                   ".caf", ".w64", ".rf64"}
@@ -34,10 +41,13 @@ class Transcript:
     peaks: list[int]                # model output frame (after stacking) of each label
     frames: int                     # model output frames of the input
     frame_seconds: float | None     # seconds per model output frame; None: not known
+    spelled: str | None = None      # the text, for models whose labels are characters
 
     @property
     def text(self) -> str:
-        return " ".join(self.labels)
+        """The characters as text for character models (trained on images converted with
+        ``--chars``: "Main St. 42"), else the label names space-separated ("3 1 4")."""
+        return self.spelled if self.spelled is not None else " ".join(self.labels)
 
     @property
     def times(self) -> list[float] | None:
@@ -145,6 +155,12 @@ class Model:
         return self.meta.frontend
 
     @property
+    def image(self):
+        """``rnntrain.frontend.images.ImageFrontEnd`` for models trained on converted
+        images, else None."""
+        return self.meta.image
+
+    @property
     def blank(self) -> int:
         return self.meta.blank
 
@@ -155,18 +171,35 @@ class Model:
         return fs * self.subsample if fs is not None else None
 
     def __repr__(self) -> str:
-        fe = self.frontend.describe() if self.frontend is not None else "no front end"
+        fe = self.frontend.describe() if self.frontend is not None else \
+            self.image.describe() if self.image is not None else "no front end"
         return (f"<rnntrain.Model {self.path} ({self.engine.name}): {len(self.labels)} labels, "
                 f"{self.input_size} inputs, stacking {self.subsample}; {fe}>")
 
     # ---- input → frames
     def frames(self, x, rate: int | None = None, name: str | None = None) -> np.ndarray:
-        """Model-ready frames (T, F) float32 from an audio/.npy path, a signal or features."""
+        """Model-ready frames (T, F) float32 from an audio/.npy/image path, a signal,
+        features or a Pillow image."""
         fe = self.frontend
+        if hasattr(x, "getbands") and hasattr(x, "mode"):  # a Pillow image
+            from rnntrain.frontend.images import pixels
+            name = name or "image"
+            if self.image is None:
+                raise UserError(f"{name}: an image, but {self._no_image()}")
+            return self._checked(self.image.columns(pixels(x, self.image.settings, name),
+                                                    name), name)
         if isinstance(x, (str, os.PathLike)):
             p = Path(x)
             name = name or str(p)
             suf = p.suffix.lower()
+            if suf in IMAGE_SUFFIXES:
+                if self.image is None:
+                    raise UserError(f"{p}: an image, but {self._no_image()}")
+                return self._checked(self.image.file_frames(p), name)
+            if self.image is not None and suf != ".npy":
+                raise UserError(f"{p}: this model was trained on images: give it image files "
+                                f"(PNG, JPEG, TIFF, ...) or a NetCDF file, not "
+                                f"{'audio' if suf in AUDIO_SUFFIXES else repr(suf or p.name)}")
             if suf == ".npy":
                 x = read_npy(p)
             elif suf in AUDIO_SUFFIXES:
@@ -174,8 +207,8 @@ class Model:
                     raise UserError(f"{p}: {self._no_audio()}")
                 return self._checked(fe.file_features(p), name)
             else:
-                raise UserError(f"{p}: not an audio file ({', '.join(sorted(AUDIO_SUFFIXES))}) "
-                                f"or a .npy feature array")
+                raise UserError(f"{p}: not an audio file ({', '.join(sorted(AUDIO_SUFFIXES))}), "
+                                f"image or .npy feature array")
         x = np.asarray(x)
         name = name or "array"
         if x.ndim == 1:
@@ -196,6 +229,12 @@ class Model:
             return ("this model has no front end (it was trained on a .nc file not written by "
                     "rnntrain-data audio): give it feature arrays (.npy) or a NetCDF file")
         return "this model was trained on feature arrays: give it .npy features or NetCDF"
+
+    def _no_image(self) -> str:
+        if self.frontend is not None and self.frontend.features is not None:
+            return "this model was trained on audio: give it audio files, .npy or NetCDF"
+        return ("this model has no image front end (it was not trained on images converted "
+                "by rnntrain-data images): give it .npy features or a NetCDF file")
 
     def _checked(self, x: np.ndarray, name: str) -> np.ndarray:
         if x.shape[1] != self.input_size:
@@ -226,18 +265,26 @@ class Model:
         lp, out = self.engine.run(x, lengths)
         return [lp[:int(out[i]), i] for i in range(len(frames))]
 
-    def decode(self, lp: np.ndarray, beam: int = 0) -> Transcript:
-        """(T', C) log-probs → Transcript: best path, or prefix beam search of width beam."""
-        if beam > 0:
+    def decode(self, lp: np.ndarray, beam=0) -> Transcript:
+        """(T', C) log-probs → Transcript: best path, prefix beam search of width ``beam``,
+        or ``beam`` a ``rnntrain.decode.beam.Decoder`` (beam search with a lexicon and LM,
+        as ``rnntrain decode`` runs it)."""
+        if not isinstance(beam, (int, np.integer)):
+            hyp = beam.decode(lp)
+            peaks = aligned_peaks(lp, hyp, self.blank)
+        elif beam > 0:
             from rnntrain.decode.search import prefix_beam_search
             hyp = prefix_beam_search(lp, len(lp), self.blank, beam)
             peaks = aligned_peaks(lp, hyp, self.blank)
         else:
             hyp, peaks = greedy_peaks(lp, self.blank)
-        return Transcript([self.labels[k] for k in hyp], peaks, len(lp), self.frame_seconds)
+        names = [self.labels[k] for k in hyp]
+        spelled = self.image.text(names) if self.image is not None else None
+        return Transcript(names, peaks, len(lp), self.frame_seconds, spelled)
 
-    def transcribe(self, x, beam: int = 0, rate: int | None = None) -> Transcript:
-        """An audio or .npy path, a signal (S,) at ``rate`` or features (T, F) → Transcript."""
+    def transcribe(self, x, beam=0, rate: int | None = None) -> Transcript:
+        """An audio, image or .npy path, a signal (S,) at ``rate``, features (T, F) or a
+        Pillow image → Transcript."""
         return self.decode(self.log_probs(self.frames(x, rate)), beam)
 
     def export(self, out, format: str = "onnx", check_frames=None) -> Path:

@@ -3,13 +3,18 @@
 Both formats hold ``rnntrain.infer.graph.ExportCTC`` (the training weights, fp32) with a
 variable batch and length: inputs ``x`` (T, N, F) float32 zero-padded and ``lengths`` (N,)
 int64; outputs ``log_probs`` (T', N, C) and ``out_lengths`` (N,). The labels, input size,
-stacking and front end (feature settings and normalisation statistics) travel inside the
-file as JSON: a TorchScript extra file ``rnntrain.json``, an ONNX metadata property of the
+stacking and front end (feature settings and normalisation statistics; for image models
+the image converter's settings and input height) travel inside the file as JSON: a TorchScript extra file ``rnntrain.json``, an ONNX metadata property of the
 same name. ``rnntrain.load`` reads either back.
 
 Every export is checked before it is kept: the written file is loaded again (TorchScript,
 or ONNX Runtime) and run on real inputs, a padded batch of unequal lengths, whose
 log-probabilities must match the training network's within 1e-4 on every valid frame.
+
+Models with the convolutional front end (images, ``model.frontend = "conv"``) export with
+it (``graph.ExportConv``): the exported graph takes any number of columns and gives the
+output lengths after pooling, ceil(W / pool) per block; ``rnntrain.load`` of the export
+prepares image files with the image front end it carries, as the checkpoint does.
 
 ONNX is written by the TorchScript-based exporter (``dynamo=False``): the torch.export one
 of torch 2.13 fixes the sequence length of ``nn.LSTM`` at the example's (its output fails
@@ -48,8 +53,9 @@ def check_inputs(model, frames: list[np.ndarray] | None = None, seed: int = 0):
 def training_frames(model, count: int = 8) -> tuple[list[np.ndarray], str]:
     """Up to ``count`` sequences of the data the checkpoint was trained and validated on
     (its config's data.val, data.test or data.train .nc file, when it is still there and
-    fits the model) → (frames, where); ([], "") when none is available."""
-    from rnntrain.data import ncdata
+    fits the model; images as the model's padded columns) → (frames, where); ([], "")
+    when none is available."""
+    from rnntrain.data.dataset import Dataset
     from rnntrain.errors import UserError as _UE
     from rnntrain.run.checkpoint import load
     try:
@@ -61,14 +67,21 @@ def training_frames(model, count: int = 8) -> tuple[list[np.ndarray], str]:
         if not path.endswith(".nc") or not os.path.isfile(path):
             continue
         try:
-            h = ncdata.read_header(path, need_targets=False)
-            if h.input_size != model.input_size:
+            ds = Dataset.open(path, chunk_frames=1, need_targets=False)
+            if ds.is_2d:  # columns padded to the model's height, as training served them
+                ds.set_pad_height(model.image.height if model.image is not None else
+                                  model.input_size // max(ds.input_size, 1), "export check")
+            if ds.frame_size != model.input_size:
                 continue
-            n = min(count, h.num_seqs)
-            rows = ncdata.read_rows(path, 0, int(h.offsets[n]))
+            n = min(count, ds.num_seqs)
+            got: dict = {}
+            k = 0
+            while len(got) < n and k < len(ds.chunks):  # chunks of one sequence or more
+                got.update(ds.load_chunk(k))
+                k += 1
         except _UE:
             continue
-        return [rows[h.offsets[i]:h.offsets[i + 1]] for i in range(n)], f"{path} ({n} sequences)"
+        return [got[i] for i in range(n)], f"{path} ({n} sequences)"
     return [], ""
 
 
@@ -95,17 +108,12 @@ def export(model, out, fmt: str, check_frames: list[np.ndarray] | None = None) -
     if model.net is None:
         raise UserError(f"{model.path}: already an exported model ({model.engine.name}); "
                         f"export from its checkpoint or run folder")
-    if getattr(model.net, "frontend", None) is not None:
-        raise UserError(f"{model.path}: the convolutional front end (model.frontend, 2-D "
-                        f"data) is not exported yet; only LSTM stacks export")
     cell = model.meta.model.get("cell", "lstm")
     if fmt == "onnx" and cell != "lstm":
         raise UserError(f"{model.path}: cell '{cell}' (RNNLIB's peephole LSTM) cannot be "
                         f"exported to ONNX (its time loop has no variable-length ONNX form); "
                         f"use --format torchscript")
-    out = Path(out)
-    if not out.parent.is_dir():
-        raise UserError(f"--out {out}: its folder does not exist")
+    out = check_out(out)
     import copy
     graph = ExportCTC(copy.deepcopy(model.net).cpu()).eval()  # the model may be on a GPU
     if not check_frames:
@@ -131,8 +139,33 @@ def export(model, out, fmt: str, check_frames: list[np.ndarray] | None = None) -
             raise UserError(f"{out}: the {fmt} export differs from the model by {diff:.2e} "
                             f"(more than {TOLERANCE:g}) in log-probability; not written")
         os.replace(tmp, out)
+    except OSError as e:  # a write that fails midway: disk full, the folder removed
+        raise UserError(f"--out {out}: cannot write it ({e.strerror or e})") from None
+    except RuntimeError as e:
+        if "writ" not in str(e):  # torch.jit.save: "PytorchStreamWriter failed writing"
+            raise
+        raise UserError(f"--out {out}: cannot write it ({str(e).splitlines()[0][:200]})") \
+            from None
     finally:
         tmp.unlink(missing_ok=True)
+    return out
+
+
+def check_out(out) -> Path:
+    """``--out``: a file name in an existing, writable folder (one line otherwise), checked
+    before any work by creating and removing the temporary file the export is written to."""
+    out = Path(out)
+    if out.is_dir():
+        raise UserError(f"--out {out}: is a folder; give a file name (e.g. {out / 'model.onnx'})")
+    if not out.parent.is_dir():
+        raise UserError(f"--out {out}: its folder does not exist")
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb"):
+            pass
+        tmp.unlink()
+    except OSError as e:
+        raise UserError(f"--out {out}: cannot write in {out.parent} ({e.strerror})") from None
     return out
 
 

@@ -11,8 +11,14 @@ length by an index (``gather``), and the output is zeroed past each sequence's e
 training. The result equals ``CTCModel``'s on every valid frame (checked by
 ``rnntrain.infer.export.check``).
 
+The convolutional front end (``compute.conv``) exports as it runs in eval mode: the same
+masking (padded columns zero before each convolution, excluded from the group-norm
+statistics, -inf inside max pooling) and output lengths ceil(T / pool) per block, so each
+image's outputs are its own whatever the batch.
+
 Shapes: x (T, N, F) zero-padded float32, lengths (N,) int64 → log-probabilities (T', N, C)
-and output lengths (N,), T' = ceil(T / subsample), C = labels + 1 (blank last).
+and output lengths (N,), T' = ceil(T / subsample) (times the conv front end's width
+pooling), C = labels + 1 (blank last). Image models: F = pixels per column (H·C).
 """
 from __future__ import annotations
 
@@ -106,6 +112,96 @@ class PeepholeLayer(nn.Module):
         return torch.cat(outs, dim=2) * mask
 
 
+class ExportNorm(nn.Module):
+    """``conv.MaskedGroupNorm``: statistics over each image's valid columns only."""
+
+    def __init__(self, norm):
+        super().__init__()
+        self.groups: int = int(norm.groups)
+        self.eps: float = float(norm.eps)
+        self.weight = nn.Parameter(norm.weight.detach().clone())
+        self.bias = nn.Parameter(norm.bias.detach().clone())
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        n, c, h, t = x.shape[0], x.shape[1], x.shape[2], x.shape[3]
+        g = self.groups
+        xf = x.reshape(n, g, c // g, h, t)
+        m = mask.reshape(n, 1, 1, 1, t).to(xf.dtype)
+        count = (m.sum(dim=(2, 3, 4), keepdim=True) * float((c // g) * h)).clamp(min=1.0)
+        mean = (xf * m).sum(dim=(2, 3, 4), keepdim=True) / count
+        var = (((xf - mean) * m) ** 2).sum(dim=(2, 3, 4), keepdim=True) / count
+        y = ((xf - mean) * torch.rsqrt(var + self.eps)).reshape(n, c, h, t)
+        return y * self.weight.reshape(1, c, 1, 1) + self.bias.reshape(1, c, 1, 1)
+
+
+class NoNorm(nn.Module):
+    """``conv_norm = "none"`` (TorchScript compiles both branches of the norm call)."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class NoConv(nn.Module):
+    """No convolutional front end: frames go to the LSTM layers as they are."""
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        return x, lengths
+
+
+class ExportConvBlock(nn.Module):
+    """``conv.ConvBlock`` in eval mode (no channel dropout): conv → norm → ReLU → masked
+    max pooling (ceil mode) → padded columns zeroed."""
+
+    def __init__(self, blk):
+        super().__init__()
+        self.conv = blk.conv
+        self.has_norm: bool = blk.norm is not None
+        self.norm = ExportNorm(blk.norm) if blk.norm is not None else NoNorm()
+        self.ph: int = int(blk.pool[0])
+        self.pw: int = int(blk.pool[1])
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor,
+                mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        y = self.conv(x)
+        if self.has_norm:
+            y = self.norm(y, mask)
+        y = F.relu(y)
+        if self.ph > 1 or self.pw > 1:
+            # -inf on padded columns: a pooling window that straddles an image's end sees
+            # only its valid columns, as for the image alone
+            y = y.masked_fill(mask.logical_not(), float("-inf"))
+            y = F.max_pool2d(y, [self.ph, self.pw], [self.ph, self.pw], [0, 0], [1, 1], True)
+            lengths = torch.div(lengths + (self.pw - 1), self.pw, rounding_mode="floor")
+            mask = _column_mask(lengths, y.shape[3])
+        return y.masked_fill(mask.logical_not(), 0.0), lengths, mask
+
+
+def _column_mask(lengths: torch.Tensor, t: int) -> torch.Tensor:
+    """(N,) lengths → (N, 1, 1, T) bool, True on valid columns (``conv.column_mask``)."""
+    m = torch.arange(t, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)
+    return m.unsqueeze(1).unsqueeze(1)
+
+
+class ExportConv(nn.Module):
+    """``conv.ConvFrontEnd`` for export: (T, N, H·C) column frames → (T', N, C'·H')."""
+
+    def __init__(self, fe):
+        super().__init__()
+        self.height: int = int(fe.height)
+        self.in_channels: int = int(fe.in_channels)
+        self.blocks = nn.ModuleList([ExportConvBlock(b) for b in fe.blocks])
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        t, n = x.shape[0], x.shape[1]
+        x = x.reshape(t, n, self.height, self.in_channels).permute(1, 3, 2, 0)  # (N, C, H, T)
+        mask = _column_mask(lengths, t)
+        x = x.masked_fill(mask.logical_not(), 0.0)
+        for blk in self.blocks:
+            x, lengths, mask = blk(x, lengths, mask)
+        n, c, h, t = x.shape[0], x.shape[1], x.shape[2], x.shape[3]
+        return x.permute(3, 0, 1, 2).reshape(t, n, c * h), lengths
+
+
 class ExportCTC(nn.Module):
     """``CTCModel`` for export and inference engines; see the module docstring."""
 
@@ -113,6 +209,9 @@ class ExportCTC(nn.Module):
         super().__init__()
         from rnntrain.compute.peephole import PeepholeLSTM
         self.subsample: int = int(model.subsample)
+        fe = getattr(model, "frontend", None)
+        self.has_conv: bool = fe is not None
+        self.conv = ExportConv(fe) if fe is not None else NoConv()
         self.layers = nn.ModuleList()
         for rnn in model.rnns:
             if isinstance(rnn, PeepholeLSTM):
@@ -126,6 +225,8 @@ class ExportCTC(nn.Module):
         self.eval()
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self.has_conv:
+            x, lengths = self.conv(x, lengths)
         k = self.subsample
         if k > 1:  # stack k frames into one, zero-padding the last group (stack_frames)
             T, N, Fdim = x.shape[0], x.shape[1], x.shape[2]

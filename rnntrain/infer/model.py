@@ -25,6 +25,7 @@ import numpy as np
 
 from rnntrain.errors import UserError
 from rnntrain.frontend import FrontEnd
+from rnntrain.frontend.images import ImageFrontEnd
 
 EXPORT_META = "rnntrain.json"     # TorchScript extra file / ONNX metadata key
 EXPORT_FORMAT = 1
@@ -77,6 +78,7 @@ class Meta:
     frontend: FrontEnd | None
     model: dict = field(default_factory=dict)    # the [model] config section
     source: str = ""                             # the checkpoint it came from
+    image: ImageFrontEnd | None = None           # models trained on converted images
 
     @property
     def blank(self) -> int:
@@ -87,6 +89,7 @@ class Meta:
                            "input_size": self.input_size, "subsample": self.subsample,
                            "frontend": self.frontend.to_dict() if self.frontend else None,
                            "model": self.model, "source": self.source,
+                           "image": self.image.to_dict() if self.image else None,
                            "io": "x (T, N, F) float32 zero-padded, lengths (N,) int64 -> "
                                  "log_probs (T', N, C) float32 (blank = C - 1), "
                                  "out_lengths (N,) int64"})
@@ -99,8 +102,9 @@ class Meta:
                 raise ValueError(f"export format {d.get('format')}, this rnntrain reads "
                                  f"{EXPORT_FORMAT}")
             fe = FrontEnd.from_dict(d["frontend"], str(where)) if d.get("frontend") else None
+            im = ImageFrontEnd.from_dict(d["image"], str(where)) if d.get("image") else None
             return cls(list(d["labels"]), int(d["input_size"]), int(d["subsample"]), fe,
-                       dict(d.get("model") or {}), str(d.get("source", "")))
+                       dict(d.get("model") or {}), str(d.get("source", "")), im)
         except (ValueError, KeyError, TypeError) as e:
             raise UserError(f"{where}: metadata is not rnntrain's ({e})") from None
 
@@ -198,8 +202,9 @@ def load_checkpoint(path: Path):
     from rnntrain.run import checkpoint as ckpt
     ck = ckpt.load(path)
     cfg = config_from_dict(ck["config"])
-    net = build_model(cfg.model, ck["input_size"], len(ck["labels"]),
-                      height=ck.get("image_height", 0) or 1)
+    height = int(ck.get("image_height", 0) or 0)
+    size = frame_size(ck)
+    net = build_model(cfg.model, size, len(ck["labels"]), height=height or 1)
     try:
         net.load_state_dict(ck["model"])
     except (RuntimeError, KeyError) as e:
@@ -207,9 +212,32 @@ def load_checkpoint(path: Path):
                         f"({str(e).splitlines()[0][:200]})") from None
     fe = ck.get("frontend")
     from rnntrain.compute.model import total_subsample
-    meta = Meta(list(ck["labels"]), int(ck["input_size"]), total_subsample(cfg.model),
+    meta = Meta(list(ck["labels"]), size, total_subsample(cfg.model),
                 FrontEnd.from_dict(fe, str(path)) if fe else None,
-                dict(ck["config"]["model"]), str(path))
+                dict(ck["config"]["model"]), str(path),
+                ImageFrontEnd.from_checkpoint(ck, str(path)))
     return net.eval(), meta
+
+
+def frame_size(ck: dict) -> int:
+    """Values per model input frame (``Dataset.frame_size`` at training): inputPattSize,
+    times the image height for 2-D files (each frame a column of padded pixels).
+
+    Checkpoints record it; older ones are read by the converter's layout record, else
+    by their shape (a 1-D file of image columns has inputPattSize = height × channels)."""
+    if ck.get("frame_size"):
+        return int(ck["frame_size"])
+    size, height = int(ck["input_size"]), int(ck.get("image_height", 0) or 0)
+    if height <= 1:
+        return size
+    layout = ""
+    if ck.get("image_frontend"):
+        try:
+            layout = str(json.loads(ck["image_frontend"]).get("layout", ""))
+        except (ValueError, AttributeError):
+            pass
+    if layout == "columns" or (not layout and size % height == 0):
+        return size
+    return size * height
 
 

@@ -1,9 +1,10 @@
 """``rnntrain transcribe MODEL INPUT...``: one line per utterance, in input order.
 
-INPUT: audio files (WAV, FLAC, ... any sample rate), ``.npy`` feature arrays, NetCDF files
-(with or without targets: every sequence is transcribed, none is skipped), folders (their
-audio and .npy files, sorted), or list files (one path per line; ``path<TAB>anything`` as
-in the converters' LIST.tsv; relative paths are relative to the list).
+INPUT: audio files (WAV, FLAC, ... any sample rate), image files (PNG, JPEG, TIFF, ...; for
+models trained on images), ``.npy`` feature arrays, NetCDF files (with or without targets:
+every sequence is transcribed, none is skipped), folders (their audio, image and .npy
+files, sorted), or list files (one path per line; ``path<TAB>anything`` as in the
+converters' LIST.tsv; relative paths are relative to the list).
 
 Utterances run on a pool of threads (each with one intra-op thread), in a bounded window
 so a long list never holds more than a few utterances in memory; lines come out in input
@@ -22,9 +23,20 @@ from pathlib import Path
 from typing import Iterator
 
 from rnntrain.errors import DataError, UserError
+from rnntrain.frontend.images import IMAGE_SUFFIXES
 from rnntrain.infer.api import AUDIO_SUFFIXES, Model, Transcript
 
 LIST_SUFFIXES = {".tsv", ".txt", ".lst", ".list", ".scp"}
+FILE_SUFFIXES = AUDIO_SUFFIXES | IMAGE_SUFFIXES | {".npy"}
+
+
+def check_file(p: Path, where: str):
+    """A regular file, else one line: a FIFO or device would block or fail when read."""
+    if p.is_file():
+        return
+    if p.exists():
+        raise UserError(f"{where}: not a regular file")
+    raise UserError(f"{where}: file not found")
 
 
 @dataclass
@@ -40,23 +52,25 @@ def expand(inputs: list[str]) -> list[Source]:
     for arg in inputs:
         p = Path(arg)
         if p.is_dir():
-            files = sorted(f for f in p.iterdir()
-                           if f.suffix.lower() in AUDIO_SUFFIXES | {".npy"} and f.is_file())
+            try:
+                files = sorted(f for f in p.iterdir()
+                               if f.suffix.lower() in FILE_SUFFIXES and f.is_file())
+            except OSError as e:
+                raise UserError(f"{p}: cannot list the folder ({e.strerror})") from None
             if not files:
-                raise UserError(f"{p}: a folder without audio or .npy files")
+                raise UserError(f"{p}: a folder without audio, image or .npy files")
             out += [Source("file", f, str(f)) for f in files]
             continue
-        if not p.is_file():
-            raise UserError(f"{p}: file not found")
+        check_file(p, str(p))
         suf = p.suffix.lower()
         if suf == ".nc":
             out.append(Source("nc", p, str(p)))
-        elif suf in AUDIO_SUFFIXES or suf == ".npy":
+        elif suf in FILE_SUFFIXES:
             out.append(Source("file", p, str(p)))
         elif suf in LIST_SUFFIXES:
             out += read_list(p)
         else:
-            raise UserError(f"{p}: not an audio file, .npy array, NetCDF file or list "
+            raise UserError(f"{p}: not an audio file, image, .npy array, NetCDF file or list "
                             f"({', '.join(sorted(LIST_SUFFIXES))})")
     return out
 
@@ -64,18 +78,23 @@ def expand(inputs: list[str]) -> list[Source]:
 def read_list(path: Path) -> list[Source]:
     out = []
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read the list ({e})") from None
+        raw = path.read_bytes()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read the list ({e.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise UserError(f"{path} line {line}: not UTF-8 text (byte 0x{raw[e.start]:02x}); "
+                        "save the list as UTF-8") from None
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         f = Path(line.split("\t", 1)[0].strip())
         f = f if f.is_absolute() else path.parent / f
-        if f.suffix.lower() not in AUDIO_SUFFIXES | {".npy"}:
-            raise UserError(f"{path} line {n}: {f} is not an audio file or .npy array")
-        if not f.is_file():
-            raise UserError(f"{path} line {n}: {f}: file not found")
+        if f.suffix.lower() not in FILE_SUFFIXES:
+            raise UserError(f"{path} line {n}: {f} is not an audio file, image or .npy array")
+        check_file(f, f"{path} line {n}: {f}")
         out.append(Source("file", f, str(f)))
     if not out:
         raise UserError(f"{path}: no files listed")
@@ -87,9 +106,19 @@ def nc_items(model: Model, src: Source, chunk_frames: int = 1_000_000) -> Iterat
     from rnntrain.data.dataset import Dataset
     from rnntrain.frontend import FrontEnd
     ds = Dataset.open(str(src.path), chunk_frames, need_targets=False)
-    if ds.input_size != model.input_size:
-        raise DataError(src.path, f"inputPattSize {ds.input_size}, the model takes "
-                                  f"{model.input_size}")
+    if ds.is_2d:  # images: columns padded to the model's height, as decode serves them
+        # without the converter's record, the height is what the model's frames hold
+        height = model.image.height if model.image is not None else \
+            model.input_size // ds.input_size
+        if height < 1 or height * ds.input_size != model.input_size:
+            raise DataError(src.path, f"a 2-D (image) file of {ds.input_size} values per "
+                                      f"pixel; the model takes {model.input_size} values "
+                                      "per frame, not whole image columns", var="seqDims")
+        ds.set_pad_height(height, f"model {model.path}")
+    if ds.frame_size != model.input_size:
+        what = (f"{ds.frame_size} values per image column" if ds.is_2d or ds.column_height
+                else f"inputPattSize {ds.input_size}")
+        raise DataError(src.path, f"{what}, the model takes {model.input_size}")
     if ds.frontend is not None and model.frontend is not None and \
             FrontEnd.from_dict(ds.frontend) != model.frontend:
         raise DataError(src.path, "features or normalisation statistics differ from the "
@@ -100,9 +129,11 @@ def nc_items(model: Model, src: Source, chunk_frames: int = 1_000_000) -> Iterat
             yield ds.tag(s), payload[s]
 
 
-def transcribe(model: Model, inputs: list[str], beam: int = 0, threads: int = 0,
+def transcribe(model: Model, inputs: list[str], beam=0, threads: int = 0,
                as_json: bool = False, out=None, progress: bool = True) -> int:
-    """Write one line per utterance to ``out`` (a text stream); returns the count."""
+    """Write one line per utterance to ``out`` (a text stream); returns the count.
+    ``beam``: a width, or a ``Decoder`` (None: best path); see ``Model.decode``."""
+    beam = 0 if beam is None else beam
     sources = expand(inputs)
     out = out or sys.stdout
     workers = threads or os.cpu_count() or 1

@@ -15,6 +15,12 @@ SIGTERM on any rank) reaches every rank in the same step without a collective of
   65504: without scaling large sums overflow and small gradients flush to zero). The flag
   counts ranks whose local gradient was Inf/NaN, so the step is skipped everywhere.
 
+- ``dist.overlap`` (torch.distributed, allreduce, fp32): the same message in buckets whose
+  allreduces start during the last task's backward (``torchdist.GradBuckets``, reverse
+  parameter order as DDP); the message tail (figures, stop flag) rides in the first
+  bucket, so no extra collective is needed. ``reduce`` then only waits for them.
+  ``overlap_wanted`` decides and refuses what cannot overlap.
+
 Also here: start-up synchronisation (weights, optimizer and loop state from rank 0,
 checked with a checksum) and the per-log-interval gather (one numpy allgather) of per-rank
 compute times (straggler gap), step-time splits and weight checksums.
@@ -26,7 +32,7 @@ import torch
 
 from rnntrain.compute.device import masked_step
 from rnntrain.compute.model import flatten_params, unflatten_params
-from rnntrain.errors import UserError
+from rnntrain.errors import ConfigError, UserError
 from rnntrain.compute.tasks import MSG_TAIL, FlatGrad
 
 # header of a 16-bit message, float32: scale, non-finite flag, then the message tail
@@ -96,17 +102,47 @@ class WireCodec:
         self.encode_into(b, ga + gb, sa + sb, fa + fb)
 
 
+def overlap_wanted(dcfg, comm, device: torch.device, workers: int) -> bool:
+    """``dist.overlap`` resolved for this rank: "auto" is on for torch.distributed ranks on
+    CUDA with one worker (allreduce, fp32 wire), "on" wherever it can run (also gloo on
+    the CPU), "off" never. ConfigError when "on" cannot work here. Alone there is nothing
+    to exchange: off."""
+    choice = getattr(dcfg, "overlap", "off")
+    if choice == "off":
+        return False
+    torch_engine = bool(getattr(comm, "tensor_collectives", False))
+    if choice == "auto":
+        return (comm.size > 1 and torch_engine and device.type == "cuda" and workers == 1
+                and dcfg.mode == "allreduce" and dcfg.wire == "fp32")
+    if dcfg.mode != "allreduce" or dcfg.wire != "fp32":
+        raise ConfigError(f'dist.overlap = "on" needs dist.mode = "allreduce" and dist.wire '
+                          f'= "fp32" (got "{dcfg.mode}", "{dcfg.wire}")')
+    if workers != 1:
+        # the buckets start during ONE backward; with several workers the step's gradient
+        # is complete only after the fixed-order sum of tasks computed in parallel
+        raise ConfigError(f'dist.overlap = "on" needs one worker per rank (train.threads = '
+                          f'1; this rank runs {workers}): set train.threads = 1 (and '
+                          'train.intra_threads for the cores) or dist.overlap = "off"')
+    if comm.size > 1 and not torch_engine:
+        raise ConfigError('dist.overlap = "on" needs the torch.distributed engine '
+                          f'(torchrun); this job runs on {comm.name}: use torchrun or '
+                          'dist.overlap = "off"')
+    return comm.size > 1
+
+
 class Exchange:
     """Per-step exchange of the flat gradient message; ``run.step.StepRunner`` calls
     ``reduce`` → ``apply_update`` → ``publish`` once per step, ``window`` at log steps.
 
-    Collectives per step: allreduce mode, exactly one (the message); master mode, two (the
-    reduce of the message, then the weight broadcast). The stop flag rides them: in the
-    message's last slot (summed: the number of ranks asking to stop), and in master mode
-    also in the last slot of the weight broadcast, so every rank learns rank 0's verdict.
+    Collectives per step: allreduce mode, exactly one (the message; overlapped, one per
+    bucket of it, started during backward: ``arm``); master mode, two (the reduce of the
+    message, then the weight broadcast). The stop flag rides them: in the message's last
+    slot (summed: the number of ranks asking to stop), and in master mode also in the last
+    slot of the weight broadcast, so every rank learns rank 0's verdict.
     """
 
-    def __init__(self, comm, dcfg, flat: FlatGrad, params: list[torch.nn.Parameter]):
+    def __init__(self, comm, dcfg, flat: FlatGrad, params: list[torch.nn.Parameter],
+                 workers: int = 1):
         self.comm, self.mode, self.wire = comm, dcfg.mode, dcfg.wire
         self.flat, self.params = flat, params
         self.root = comm.rank == 0
@@ -124,9 +160,28 @@ class Exchange:
         self.msg = np.zeros(self.codec.nbytes, np.uint8) if self.codec else None
         self.bytes_sent = 0           # message bytes handed to MPI by this rank (all steps)
         self._compute: list[float] = []
+        self._early: list[float] = []  # overlapped: share of buckets started in backward
         self._stop = False
         # the same op object for every step so dist caches one MPI op and datatype
         self._combine = self.codec.combine if self.codec else None
+        # overlapped: buckets of the message whose allreduces start during backward
+        self.buckets = None
+        if overlap_wanted(dcfg, comm, flat.msg.device, workers):
+            self.buckets = comm.grad_buckets(params, flat.msg,
+                                             int(getattr(dcfg, "bucket_mb", 25.0) * 2**20))
+
+    @property
+    def overlapped(self) -> bool:
+        """The message travels in buckets started during the last task's backward: the
+        step calls ``arm`` just before that backward, ``reduce`` after it."""
+        return self.buckets is not None
+
+    def arm(self, stop: bool):
+        """Overlapped: just before the last task's backward, with the step's figures
+        already summed into the message tail; puts this rank's stop request in it and arms
+        the buckets (bucket 0, which carries the tail, starts first)."""
+        self.flat.msg[self.flat.numel + self.flat.STOP] = 1.0 if stop else 0.0
+        self.buckets.arm()
 
     def reduce(self, step: int, compute_s: float = 0.0, stop: bool = False):
         """Sum every rank's message (gradient, figures, stop flag): on every rank
@@ -139,6 +194,13 @@ class Exchange:
         what = f"gradient exchange of step {step}"
         flat = self.flat
         stop_at = flat.numel + flat.STOP
+        if self.buckets is not None:  # under way since backward: wait for every bucket
+            b = self.buckets
+            self._early.append(b.launched_during_backward / len(b.buckets))
+            b.finish(what)
+            self.bytes_sent += flat.msg.numel() * flat.msg.element_size()
+            self._stop = bool(flat.msg[stop_at] > 0)
+            return
         if self.codec is None and getattr(self.comm, "tensor_collectives", False):
             # torch.distributed: the message where it lives (NCCL on a GPU, without the
             # host staging MPI needs; gloo on the CPU)
@@ -204,8 +266,10 @@ class Exchange:
         """At a log step, on every rank (one buffer collective, an allgather of
         [weight checksum | ``per_rank`` values | compute time of each step]). → straggler
         gap (mean over steps of max − min compute over ranks), slowest rank and, under
-        "ranks", every rank's ``per_rank`` values; a weight mismatch between ranks is an
-        error. Alone: {} (nothing to compare)."""
+        "ranks", every rank's ``per_rank`` values and, overlapped, ``buckets_in_backward``
+        (this rank's mean share of buckets whose allreduce started while backward still
+        ran); a weight mismatch between ranks is an error. Alone: {} (nothing to
+        compare)."""
         times = np.array(self._compute, np.float64)
         self._compute = []
         if self.comm.size == 1:
@@ -226,7 +290,16 @@ class Exchange:
                "slowest_rank": int(per_rank_t.argmax())}
         if keys:
             out["ranks"] = [{k: round(float(v), 6) for k, v in zip(keys, r)} for r in extra]
+        if self._early:  # this rank's: how much of the exchange could hide behind backward
+            out["buckets_in_backward"] = round(float(np.mean(self._early)), 4)
+            self._early = []
         return out
+
+    def close(self):
+        """Remove the overlap's gradient hooks from the parameters (idempotent)."""
+        if self.buckets is not None:
+            self.buckets.remove()
+            self.buckets = None
 
     def sync_start(self, model, opt, state: dict) -> dict:
         """Rank 0's weights, optimizer state and loop state (``TrainState.state_dict()``)

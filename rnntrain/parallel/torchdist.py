@@ -145,6 +145,12 @@ class TorchComm(LocalComm):
             combine(np.ascontiguousarray(rows[r]).view(np.uint8).reshape(-1), acc)
         out.view(np.uint8).reshape(-1)[:] = acc
 
+    def grad_buckets(self, params: list[torch.nn.Parameter], msg: torch.Tensor,
+                     bucket_bytes: int) -> "GradBuckets":
+        """The overlapped exchange of ``msg`` (gradients of ``params``, then the message
+        tail) in buckets started during backward (``GradBuckets``)."""
+        return GradBuckets(self, params, msg, bucket_bytes)
+
     # ---- start-up (small objects, pickled into byte tensors)
     def allgather(self, obj) -> list:
         data = np.frombuffer(pickle.dumps(obj), np.uint8)
@@ -303,22 +309,26 @@ class GradBuckets:
 
     Parameters are grouped into buckets of about ``bucket_bytes`` in REVERSE parameter
     order (backward produces the last layers' gradients first). ``grads`` is one
-    contiguous (P,) buffer whose slices are the parameters' ``.grad`` (``FlatGrad.grad``),
-    so a bucket is one contiguous slice and travels without a copy. A hook per parameter
-    (``register_post_accumulate_grad_hook``) counts the gradients that are final; when the
-    last of a bucket is, that bucket's allreduce starts (async, NCCL on CUDA: on its own
-    stream, so it runs while the rest of backward computes), and ``finish()`` waits for all
-    of them. Use: ``arm()`` before the backward whose gradients are final (one task per
-    step, or the last one), ``finish()`` after it.
+    contiguous buffer whose first P values are the parameters' ``.grad`` (``FlatGrad``),
+    so a bucket is one contiguous slice and travels without a copy; anything after the P
+    gradient values (the step's message tail: figures and stop flag) travels in bucket 0,
+    the first to start, so the whole message still crosses in these collectives alone. A
+    hook per parameter (``register_post_accumulate_grad_hook``) counts the gradients that
+    are final; when the last of a bucket is, that bucket's allreduce starts (async; NCCL on
+    CUDA: on its own stream, so it runs while the rest of backward computes), and
+    ``finish()`` waits for all of them under ``dist.timeout_s``, naming a rank that died or
+    hung (``TorchComm.wait``). Use: ``arm()`` before the backward whose gradients are final
+    (one task per step, or the last one), ``finish()`` after it.
     """
 
     def __init__(self, comm: TorchComm, params: list[torch.nn.Parameter], grads: torch.Tensor,
                  bucket_bytes: int = 25 << 20):
         self.comm, self.params, self.grads = comm, params, grads
         offs = np.cumsum([0] + [p.numel() for p in params])
+        assert grads.dim() == 1 and grads.is_contiguous() and grads.numel() >= offs[-1]
         self.buckets: list[tuple[int, int]] = []      # (start, end) slices of grads
         self.bucket_of: dict[int, int] = {}           # param index → bucket index
-        size, end, members = 0, int(offs[-1]), []
+        size, end, members = 0, grads.numel(), []
         for i in reversed(range(len(params))):
             members.append(i)
             size += params[i].numel() * grads.element_size()
@@ -334,6 +344,7 @@ class GradBuckets:
         self.launched: list[int] = []   # bucket indices in launch order (for checks)
         self.launched_during_backward = 0
         self._armed, self._left, self._works, self._next = False, [], [], 0
+        self._error: tuple[int, str] | None = None  # (sequence number, why) of a failed start
         self._hooks = [p.register_post_accumulate_grad_hook(self._hook(i))
                        for i, p in enumerate(params)]
 
@@ -352,29 +363,41 @@ class GradBuckets:
     def _launch(self, b: int):
         s, e = self.buckets[b]
         self.comm._seq += 1
-        self._works.append((self.comm._seq, td.all_reduce(self.grads[s:e], async_op=True)))
+        if self._error is None:
+            try:
+                self._works.append((self.comm._seq, td.all_reduce(self.grads[s:e],
+                                                                  async_op=True)))
+            except RuntimeError as err:  # the group is broken (a peer gone): finish() reports
+                self._error = (self.comm._seq, f"{type(err).__name__}: {err}")
         self.launched.append(b)
         if any(self._left):  # other buckets still wait for backward
             self.launched_during_backward += 1
 
     def arm(self):
         self._armed, self._left, self._works, self.launched = True, list(self.need), [], []
-        self._next, self.launched_during_backward = 0, 0
+        self._next, self.launched_during_backward, self._error = 0, 0, None
 
     def finish(self, what: str = "gradient exchange"):
-        """Wait for every bucket (launching any whose hooks did not fire: unused params)."""
+        """Wait for every bucket (launching any whose hooks did not fire: unused params,
+        or a backward that raised). A rank that died, raised or hangs ends the job here,
+        named by the lowest rank still present (``TorchComm.wait``, the roll call)."""
         while self._next < len(self.buckets):
             self._left[self._next] = 0
             self._launch(self._next)
             self._next += 1
         self._armed = False
-        comm = self.comm
-        for seq, work in self._works:
-            saved, comm._seq = comm._seq, seq
-            comm.wait(work, f"{what} (bucket)")
-            comm._seq = saved
+        comm, n = self.comm, len(self.buckets)
+        saved = comm._seq
+        for k, (seq, work) in enumerate(self._works):
+            comm._seq = seq  # the roll call's key: the collective every rank numbers alike
+            comm.wait(work, f"{what} (bucket {k + 1} of {n})")
+        if self._error is not None:
+            comm._seq = self._error[0]
+            comm._roll_call(what, self._error[1])
+        comm._seq = saved
         self._works = []
 
     def remove(self):
         for h in self._hooks:
             h.remove()
+        self._hooks = []

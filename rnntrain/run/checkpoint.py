@@ -128,6 +128,7 @@ def save_training(folder: Path | None, name: str, cfg, model, opt, state: dict, 
                  "optim": opt.state_dict(), "state": dict(state), "config": to_dict(cfg),
                  "labels": list(ds.labels), "input_size": ds.input_size,
                  "image_height": ds.frame_height if ds.is_2d or ds.column_height else 0,
+                 "frame_size": ds.frame_size,  # the model's input (2-D: pixels per column)
                  # the image converter's settings (rnntrain-data images), for inference
                  "image_frontend": getattr(ds, "image_frontend", ""),
                  # raw input → frames, when the audio converters recorded it

@@ -5,7 +5,9 @@ A step, in order (``StepRunner.run``):
   pool       the workers compute the tasks into their own buffers (``TaskComputer``)
   reduce     the task buffers summed in task order into the flat message (``FlatGrad``)
   exchange   the message summed over ranks, stop flag included (``Exchange.reduce``:
-             the step's one collective in allreduce mode)
+             the step's one collective in allreduce mode). Overlapped (``dist.overlap``,
+             one worker): the last task does the reduce and its backward starts the
+             exchange in buckets (``Exchange.arm``); ``reduce`` waits for them
   normalise  by the global sequence/frame count and the fp16 loss scale; clip
   lr         the schedule's learning rate for this step
   update     the optimizer step, skipped on NaN/Inf without a host read (masked)
@@ -16,12 +18,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Iterator
 
 import numpy as np
 import torch
 
-from rnntrain.compute.device import LossScaler, worker_start
+from rnntrain.compute.device import Fence, LossScaler, worker_start
 from rnntrain.compute.optim import lr_factor, set_lr
 from rnntrain.compute.pool import BatchTiming, Task, WorkerPool, split_tasks
 from rnntrain.compute.tasks import FlatGrad, TaskComputer, cost_model_for
@@ -98,7 +101,7 @@ class StepRunner:
         self.workers, self.total_steps = workers, total_steps
         params = list(model.parameters())
         self.flat = FlatGrad(params, device)
-        self.exch = Exchange(comm, cfg.dist, self.flat, params)
+        self.exch = Exchange(comm, cfg.dist, self.flat, params, workers)
         self.computer = TaskComputer(model, device, tc.input_noise, tc.precision,
                                      tc.round_lengths, scaler)
         self.scaler = self.computer.scaler
@@ -132,10 +135,16 @@ class StepRunner:
                              self.task_cost, self.workers)
         tasks = [Task(j, g, ([fed.payload[s] for s in g], [self.ds.targets[s] for s in g]))
                  for j, g in enumerate(groups)]
-        self.computer.begin_step(len(tasks), (tc.seed, fed.epoch, fed.index), want_errors)
+        # overlapped: the last task sums the others, then its backward starts the exchange
+        overlap = (self.flat, partial(self.exch.arm, stop)) if self.exch.overlapped else None
+        self.computer.begin_step(len(tasks), (tc.seed, fed.epoch, fed.index), want_errors,
+                                 overlap)
         fences, timing = self.pool.run(tasks)  # returns at the barrier
         t2 = time.perf_counter()
-        self.flat.reduce_tasks(self.computer.task_buffers(len(tasks)), fences)
+        if overlap is None:
+            self.flat.reduce_tasks(self.computer.task_buffers(len(tasks)), fences)
+        else:
+            Fence.wait_all(fences)  # (already reduced by the last task)
         t3 = time.perf_counter()
         self.exch.reduce(step + 1, t2 - t1, stop)  # gradients, counts, stop: one message
         t4 = time.perf_counter()
@@ -162,3 +171,4 @@ class StepRunner:
 
     def close(self):
         self.pool.close()
+        self.exch.close()

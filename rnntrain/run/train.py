@@ -29,6 +29,7 @@ from rnntrain.data.plan import make_plan, padding_ratio, remainder_note, resumed
 from rnntrain.errors import UserError
 from rnntrain.parallel import collectives
 from rnntrain.parallel import launch as dist
+from rnntrain.parallel.exchange import overlap_wanted
 from rnntrain.run import checkpoint as ckpt
 from rnntrain.run import trace
 from rnntrain.run.evaluate import evaluate
@@ -88,6 +89,7 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
     workers = (tc.threads or 1) if device.type == "cuda" else \
         default_threads(tc.threads, tc.intra_threads, comm.local_size)
     workers = cap_threads(workers, tc.intra_threads, comm.local_size, device)
+    overlap_wanted(cfg.dist, comm, device, workers)  # refuse now, before reading any data
 
     # ---- data (metadata now, frames later on the reader thread) and the run folder
     train_ds, keep, val_ds, val_keep = open_data(cfg)
@@ -145,6 +147,10 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
             return run_dir
         if rerank_note:
             log.info(rerank_note)
+        if runner.exch.overlapped:
+            log.info(f"gradient exchange overlapped with backward: "
+                     f"{len(runner.exch.buckets.buckets)} bucket(s) of about "
+                     f"{cfg.dist.bucket_mb:g} MB (dist.overlap = \"{cfg.dist.overlap}\")")
         log.info(f"rnntrain: {count_params(model):,} parameters, {train_ds.num_seqs} train "
                  f"sequences ({int(train_ds.lengths[keep].sum()):,} frames), {steps_per_epoch}"
                  f" steps/epoch, {comm.size} rank(s) x {workers} worker(s) x "
