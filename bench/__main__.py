@@ -34,7 +34,7 @@ SECTIONS = [
     ("plain_loop", "rnntrain vs a plain PyTorch loop", 310),
     ("flops", "Useful-FLOP rate and memory", 130),
     ("kernels", "LSTM kernel experiments", 90),
-    ("threads", "Thread scaling", 60),
+    ("threads", "Thread scaling", 80),
     ("ranks", "Rank scaling (MPI, torch.distributed)", 220),
     ("reader", "Reader throughput and data wait", 120),
     ("stragglers", "Stragglers and load balance", 15),

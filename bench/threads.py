@@ -6,7 +6,10 @@ default model (configs/default.toml: 2×128 BLSTM, 20 inputs, 20 labels, batch_f
 and on the reference model (3-layer BLSTM, 256 per direction, 40 inputs, 30 labels +
 blank, batches of 32 sequences of similar length). Settings are interleaved round by
 round so that a change in machine load hits all of them alike; the best round of each is
-reported. Also: the share of worker time idle at the barrier, the share of wall time the
+reported. On the default model, 2 workers also run with the training LER computed as it
+was before rapidfuzz (a per-sequence Python loop: best path, then the pure-Python edit
+distance DP ``edit_ops_reference``, the test oracle) beside the vectorised best path + one
+rapidfuzz call: the step-time cost of that loop. Also: the share of worker time idle at the barrier, the share of wall time the
 main thread spends alone in the reduce and optimizer update (workers idle), and the task
 cost model fitted to measured single-task times (``scheduler.CostModel.fit``).
 
@@ -28,9 +31,29 @@ from rnntrain.compute.model import CTCModel, count_params
 from rnntrain.data.plan import group_by_length
 from rnntrain.compute.pool import CostModel, Task, WorkerPool, split_tasks
 from rnntrain.compute.tasks import FlatGrad, TaskComputer, cost_model_for
+from rnntrain.decode.score import edit_ops_reference
 
 SETTINGS = ((1, 1), (1, 2), (2, 1))   # (threads, intra_threads)
 TASKS_PER_WORKER = 2                  # train.tasks_per_worker's default
+
+
+PY_EDIT = (2, 1, "python")           # 2x1 with the per-sequence Python edit distance
+
+
+def python_label_errors(best: np.ndarray, lengths: np.ndarray, targets, blank: int
+                        ) -> tuple[int, int]:
+    """The training LER as computed before rapidfuzz (bench only; same result as
+    ``tasks.task_label_errors``): a Python loop over the sequences, best path by numpy,
+    edit distance by the pure-Python DP."""
+    errors = ref = 0
+    for j, t in enumerate(targets):
+        path = best[: int(lengths[j]), j]
+        keep = np.ones(len(path), bool)
+        keep[1:] = path[1:] != path[:-1]
+        hyp = [int(p) for p in path[keep] if p != blank]
+        errors += sum(edit_ops_reference(t.tolist(), hyp))
+        ref += len(t)
+    return errors, ref
 
 
 def _batches(ds: Dataset, kind: str, count: int, rng) -> list[list[int]]:
@@ -44,12 +67,17 @@ def _batches(ds: Dataset, kind: str, count: int, rng) -> list[list[int]]:
     return [list(map(int, groups[i])) for i in sorted(pick)]
 
 
-def _measure(model, ds, frames, batches, threads, intra) -> dict:
-    """Train on ``batches`` once; → frames/s, barrier idle share, tasks per batch."""
+def _measure(model, ds, frames, batches, threads, intra, errors: str = "rapidfuzz") -> dict:
+    """Train on ``batches`` once; → frames/s, step time, barrier idle share, tasks per
+    batch, label errors counted. ``errors="python"``: the training LER by the per-sequence
+    Python loop (``python_label_errors``)."""
     params = list(model.parameters())
     opt = torch.optim.Adam(params, lr=1e-4)
     flat = FlatGrad(params, torch.device("cpu"))
     comp = TaskComputer(model, torch.device("cpu"))
+    if errors == "python":
+        comp.count_errors = python_label_errors
+    n_err = n_ref = 0
     cost = cost_model_for(model)
     real = idle = wall_tot = serial = 0.0
     ntasks = []
@@ -64,6 +92,8 @@ def _measure(model, ds, frames, batches, threads, intra) -> dict:
             results, timing = pool.run(tasks)
             t1 = time.perf_counter()
             flat.reduce_tasks(comp.buffers[: len(tasks)], results)
+            n_err += flat.stats[3]          # the step's training label errors
+            n_ref += flat.stats[4]
             flat.normalize_and_clip("sequences", 5.0)
             opt.step()
             serial += time.perf_counter() - t1   # workers idle meanwhile
@@ -73,7 +103,8 @@ def _measure(model, ds, frames, batches, threads, intra) -> dict:
             ntasks.append(len(tasks))
         dt = time.perf_counter() - t0
     return {"fps": real / dt, "idle": idle / max(wall_tot, 1e-9), "tasks": float(np.mean(ntasks)),
-            "serial": serial / dt}
+            "serial": serial / dt, "step_ms": 1e3 * dt / len(batches), "errors": n_err,
+            "ref_labels": n_ref}
 
 
 def _fit_cost(model, frames_by_len, rng) -> tuple[CostModel, CostModel]:
@@ -99,16 +130,17 @@ def _fit_cost(model, frames_by_len, rng) -> tuple[CostModel, CostModel]:
     return fitted, CostModel(1.0, fitted.b * a_s, fitted.c * a_s)  # frame units, seconds
 
 
-def _section(name, model, ds, batches, rounds, lines):
+def _section(name, model, ds, batches, rounds, lines, py_edit: bool = False):
     rng = np.random.default_rng(0)
     assert len(ds.chunks) == 1, "the bench data fits one chunk"
     frames = ds.load_chunk(0)
     real = sum(int(ds.lengths[s]) for b in batches for s in b)
     padded = sum(len(b) * int(ds.lengths[b].max()) for b in batches)
-    best = {s: None for s in SETTINGS}
+    settings = SETTINGS + ((PY_EDIT,) if py_edit else ())
+    best = {s: None for s in settings}
     init = {k: v.clone() for k, v in model.state_dict().items()}
     for _ in range(rounds):
-        for s in SETTINGS:
+        for s in settings:
             model.load_state_dict(init)     # every setting trains the same weights
             r = _measure(model, ds, frames, batches, *s)
             if best[s] is None or r["fps"] > best[s]["fps"]:
@@ -137,6 +169,20 @@ def _section(name, model, ds, batches, rounds, lines):
               f"{secs.c * 1e3:.2f} ms per task = b {fitted.b:.2f}, c {fitted.c:.1f} padded-frame "
               f"equivalents (the built-in guess for this model: b {guess.b:.2f}, "
               f"c {guess.c:.1f}).", ""]
+    if py_edit:
+        fast, slow = best[(2, 1)], best[PY_EDIT]
+        lines += ["Training LER in the step, 2 workers x 1 intra-op thread (same batches, "
+                  "same weights, interleaved with the rows above):", "",
+                  "| training LER computed by | step time | frames/s | label errors counted |",
+                  "|---|---:|---:|---:|",
+                  f"| per-sequence Python loop + Python edit distance DP (before) | "
+                  f"{slow['step_ms']:.1f} ms | {slow['fps']:,.0f} | {slow['errors']:,} |",
+                  f"| vectorised best path + one rapidfuzz call (now) | {fast['step_ms']:.1f} ms "
+                  f"| {fast['fps']:,.0f} | {fast['errors']:,} |", "",
+                  f"Step time now / before = {fast['step_ms'] / slow['step_ms']:.3f}; training "
+                  f"LER of these steps {fast['errors'] / max(fast['ref_labels'], 1):.2f} "
+                  f"(an untrained model: hypothesis lengths, and so the DP's cost, differ from "
+                  f"a trained one's).", ""]
 
 
 def run(quick: bool = False) -> str:
@@ -154,7 +200,8 @@ def run(quick: bool = False) -> str:
         ds = Dataset.open(path)
         model = CTCModel(ds.input_size, ds.num_labels, layers=2, hidden=128)
         _section("Default model (2x128 BLSTM, configs/default.toml)", model, ds,
-                 _batches(ds, "frames", 6 if quick else 20, rng), 1 if quick else 2, lines)
+                 _batches(ds, "frames", 6 if quick else 20, rng), 1 if quick else 2, lines,
+                 py_edit=True)
         # the reference model: 40 inputs, 30 labels, batches of 32 similar lengths
         path = os.path.join(tmp, "reference.nc")
         write_synth(path, num_seqs=400 if quick else 800, num_labels=30, input_size=40, seed=2,

@@ -158,6 +158,34 @@ def _render_lines(a):
     print(f"wrote {a.count} lines and {lst}")
 
 
+def _perplexity(a):
+    import math
+    from rnntrain.decode.lm import ArpaLM
+    from .ngram import sentences
+    lm = ArpaLM.load(a.lm)
+    sents = sentences(a.text, chars=a.chars, space_token=a.space_token)
+    # as SRILM's ngram -ppl: every token and </s> is predicted; OOVs are counted apart
+    # (scored as <unk> when the model lists it, as the decoder scores them)
+    ln = sum(lm.sentence_logprob(s) for s in sents)
+    n = sum(len(s) + 1 for s in sents)
+    oov = sum(1 for s in sents for w in s if w not in lm.index)
+    ppl = math.exp(-ln / n)
+    if a.json:
+        import json
+        print(json.dumps({"lm": a.lm, "order": lm.order, "text": a.text, "sentences": len(sents),
+                          "tokens": n, "oov": oov, "logprob": ln, "perplexity": ppl}))
+        return
+    print(f"{a.text}: {len(sents)} sentences, {n} tokens with </s> ({oov} OOV); "
+          f"{a.lm} ({lm.order}-gram): ln P {ln:.1f}, perplexity {ppl:.3f}")
+
+
+def _faker_text(a):
+    from .lmtext import write_faker_text
+    n, dropped, known = write_faker_text(a.out, a.count, a.seed, a.max_chars, a.exclude or [])
+    print(f"wrote {a.out}: {n} lines (Faker en_US, seed {a.seed}); dropped {dropped} equal to "
+          f"one of the {known} distinct lines of the --exclude lists")
+
+
 def _rnnlib_config(a):
     from .rnnlib_config import convert_file
     toml, warnings = convert_file(a.config)
@@ -321,6 +349,29 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--text", help="take lines from this UTF-8 text file instead of Faker")
     rl.add_argument("--seed", type=non_negative_int, default=1, help="random seed")
     rl.set_defaults(fn=_render_lines)
+    pp = sub.add_parser("perplexity", help="perplexity of an ARPA model on a text (choose an "
+                        "order or smoothing on held-out text)")
+    pp.add_argument("lm", help="ARPA file (plain or .gz)")
+    pp.add_argument("text", help="held-out text file, one sentence per line")
+    pp.add_argument("--chars", action="store_true", help="tokens are characters (as "
+                    "ngram --chars)")
+    pp.add_argument("--space-token", default="<space>", help="with --chars: the space's token")
+    pp.add_argument("--json", action="store_true", help="one JSON object instead of a line")
+    pp.set_defaults(fn=_perplexity)
+    ft = sub.add_parser("faker-text", help="language-model text: lines as render-lines draws "
+                        "them (Faker en_US), minus the lines of LIST.tsv files",
+                        description="One line per line of OUT, cut as render-lines cuts them; "
+                        "every line equal to a transcript of an --exclude list is dropped "
+                        "(and replaced by the next one drawn).")
+    ft.add_argument("--out", required=True, help="text file to write")
+    ft.add_argument("--count", type=positive_int, default=100000, help="lines to write")
+    ft.add_argument("--seed", type=non_negative_int, default=1, help="random seed (use one "
+                    "the rendered sets did not)")
+    ft.add_argument("--max-chars", type=positive_int, default=40,
+                    help="longest line in characters (as render-lines)")
+    ft.add_argument("--exclude", action="append", metavar="LIST.tsv", help="a LIST.tsv "
+                    "(path<TAB>text) whose lines must not occur; repeatable")
+    ft.set_defaults(fn=_faker_text)
     r = sub.add_parser("rnnlib-config", help="convert an RNNLIB config file to rnntrain TOML "
                        "(stdout; warnings on stderr)")
     r.add_argument("config", help="RNNLIB config file ('name value' lines)")

@@ -24,6 +24,7 @@ the input of ``rnntrain-data images --chars``).
 """
 from __future__ import annotations
 
+import datetime
 import os
 from pathlib import Path
 
@@ -51,6 +52,11 @@ def find_font(name: str) -> Path:
     raise UserError(f"--fonts {name}: no such font file; matplotlib ships {', '.join(have)}")
 
 
+# Faker draws dates up to "now" unless told otherwise: a fixed end keeps a seed's lines
+# the same from one day (or minute) to the next
+DATE_END = datetime.date(2025, 12, 31)
+
+
 def faker_lines(count: int, seed: int, max_chars: int) -> list[str]:
     """``count`` lines of English-like text from Faker's en_US providers (seeded)."""
     try:
@@ -63,7 +69,7 @@ def faker_lines(count: int, seed: int, max_chars: int) -> list[str]:
     rng = np.random.default_rng([seed, 0x7E47])
     makers = [lambda: fk.sentence(nb_words=8), lambda: fk.sentence(nb_words=5),
               fk.name, fk.street_address, fk.company, fk.city,
-              lambda: f"{fk.date()} {fk.random_int(1, 9999)}",
+              lambda: f"{fk.date(end_datetime=DATE_END)} {fk.random_int(1, 9999)}",
               lambda: f"{fk.catch_phrase()}.", lambda: f"{fk.random_int(10, 99999):,} {fk.word()}"]
     out = []
     while len(out) < count:

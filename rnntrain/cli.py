@@ -278,6 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated LM weights to try")
     u.add_argument("--word-bonuses", default="-1,0,1,2",
                    help="comma-separated word bonuses to try")
+    u.add_argument("--label-bonuses", default=None, help="comma-separated label bonuses to "
+                   "try (default: --label-bonus alone)")
+    u.add_argument("--select", choices=("wer", "ler"), default="wer", help="the rate the best "
+                   "setting minimises: wer (default; LER without --space) or ler")
     u.add_argument("--json", action="store_true", help="print the table as JSON")
     tr = sub.add_parser("transcribe", help="transcribe audio, images, feature arrays or NetCDF "
                                            "files",

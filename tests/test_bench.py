@@ -108,3 +108,18 @@ def test_kernel_experiments_compute_the_same_layer_as_training():
     assert len(set(lengths.tolist())) > 1   # padding inside the task: the case that matters
     fn = lambda a, b: kernels.handwritten(rnn, a, b)   # noqa: E731
     assert kernels._check(rnn, x, lengths, fn, 1e-4) < 1e-4
+
+
+def test_threads_bench_python_edit_distance_counts_what_the_step_counts():
+    """bench threads' 'before' switch (per-sequence loop, pure-Python DP) and the step's
+    vectorised best path + rapidfuzz give the same (errors, reference labels)."""
+    from bench.threads import python_label_errors
+    from rnntrain.compute.tasks import task_label_errors
+    rng = np.random.default_rng(5)
+    for _ in range(5):
+        n = 9
+        best = rng.integers(0, 6, size=(50, n))          # (T', N) argmaxes, blank = 5
+        lengths = rng.integers(0, 51, size=n)
+        targets = [rng.integers(0, 5, size=int(k)) for k in rng.integers(1, 30, size=n)]
+        assert python_label_errors(best, lengths, targets, 5) == \
+            task_label_errors(best, lengths, targets, 5)

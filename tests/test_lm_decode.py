@@ -116,7 +116,7 @@ def _ctc_all(lp: np.ndarray, blank: int) -> dict[tuple, float]:
 
 
 def _brute(lp, labels, blank, space, lm=None, alpha=0.0, beta=0.0, lexicon=None,
-           word_lm=False):
+           word_lm=False, gamma=0.0):
     best, best_s = None, -math.inf
     for lab, ac in _ctc_all(lp, blank).items():
         names = [labels[k] for k in lab]
@@ -135,7 +135,7 @@ def _brute(lp, labels, blank, space, lm=None, alpha=0.0, beta=0.0, lexicon=None,
         lmv = 0.0
         if lm is not None:
             lmv = lm.sentence_logprob(words if word_lm else names)
-        s = ac + alpha * lmv + beta * count
+        s = ac + alpha * lmv + beta * count + gamma * len(lab)
         if s > best_s:
             best, best_s = list(lab), s
     return best, best_s
@@ -172,6 +172,26 @@ def test_label_lm_beam_matches_brute_force(tmp_path, seed):
     got, score = d.decode_scored(lp)
     want, want_s = _brute(lp, labels, 3, "_", lm, alpha, beta)
     assert got == want and score == pytest.approx(want_s, abs=1e-9)
+
+
+@pytest.mark.parametrize("space", ["_", None])
+def test_label_bonus_with_label_lm_matches_brute_force(tmp_path, space):
+    """The per-label bonus is paid on every label, the separator included, with or without
+    a word separator (then beside the per-label word bonus)."""
+    rng = np.random.default_rng(40)
+    labels = ["a", "b", "_", "-"]
+    lm = _arpa(tmp_path, ["ab_ba", "aab", "b_a_b", "ba"], 3, chars=True)
+    for gamma in (1.7, -0.6):
+        lp = _log_softmax(rng.normal(size=(5, 4)) * 1.5)
+        d = Decoder(labels, 3, beam=500, space=space, lm=lm, lm_weight=1.2, word_bonus=0.3,
+                    label_bonus=gamma)
+        got, score = d.decode_scored(lp)
+        want, want_s = _brute(lp, labels, 3, space, lm, 1.2, 0.3, gamma=gamma)
+        assert got == want and score == pytest.approx(want_s, abs=1e-9)
+        # with_weights sets the label bonus too (tune-decoder's grid)
+        got0, score0 = d.with_weights(1.2, 0.3, 0.0).decode_scored(lp)
+        want0, want0_s = _brute(lp, labels, 3, space, lm, 1.2, 0.3)
+        assert got0 == want0 and score0 == pytest.approx(want0_s, abs=1e-9)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -394,6 +414,15 @@ def test_eval_decode_tune_with_lexicon_and_lm_through_the_cli(tmp_path):
     for line in r.stdout.strip().splitlines():
         hyp = line.split("\t")[1]
         assert all(w.replace(" ", "") in lex for w in hyp.split("L04") if w.strip()), hyp
+    # transcribe takes the same options and gives decode's hypotheses
+    opts = ["--space", "L04", "--lexicon", tmp_path / "lex.txt", "--lm", tmp_path / "w.arpa",
+            "--lm-weight", "1", "--label-bonus", "0.5"]
+    dec = run_cli("rnntrain", "decode", ckpt, data, *opts)
+    tr = run_cli("rnntrain", "transcribe", ckpt, data, *opts, "--threads", "2")
+    assert dec.returncode == 0 and tr.returncode == 0, dec.stderr + tr.stderr
+    by_tag = dict(line.split("\t")[:2] for line in dec.stdout.strip().splitlines())
+    got = dict(line.split("\t")[:2] for line in tr.stdout.strip().splitlines())
+    assert got == by_tag and len(got) == 12
     # an LM at weight 0 and no bonus changes nothing: the plain beam's hypotheses
     assert plain.returncode == 0 and lm0.returncode == 0 and plain.stdout == lm0.stdout
     r = tune

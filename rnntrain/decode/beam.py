@@ -10,11 +10,13 @@ sort of the beams.
 
 Scores. A hypothesis l with words w_1..w_K is ranked by
 
-    log P_ctc(l | x) + lm_weight · log P_LM(l) + word_bonus · K
+    log P_ctc(l | x) + lm_weight · log P_LM(l) + word_bonus · K + label_bonus · |l|
 
 where P_LM is a label-level LM (every label is a token, the word separator too) or a
 word-level LM (a token per completed word), both ending with </s>. Without a separator,
-``word_bonus`` is paid per label. During the search the LM and bonus terms cover the
+``word_bonus`` is paid per label. ``label_bonus`` is paid per label (the separator
+included) whether or not there is a separator: the insertion bonus of a character-level
+LM, which otherwise favours short hypotheses, with words still known for the WER. During the search the LM and bonus terms cover the
 tokens emitted so far (a word is scored when its separator is emitted); at the end, the
 last word and </s> are added. With a lexicon, a label may only extend a hypothesis along
 the lexicon's prefix tree, the separator only follows a complete word, and only
@@ -53,7 +55,8 @@ except ImportError:  # pragma: no cover - exercised only where numba is missing
 LOG2 = math.log(2.0)
 NINF = -math.inf
 # columns of the prefix-node table
-PARENT, LABEL, STATE, COUNT, WORD, WLEN, HASH = range(7)
+PARENT, LABEL, STATE, COUNT, WORD, WLEN, HASH, LEN = range(8)
+N_COLS = 8
 MIX = 0x5BD1E995
 
 
@@ -159,7 +162,7 @@ def _grow(nodes, lm_total, stamp, slot):
 def _search(lp, cand, blank, beam, space, constrain, use_words,
             wt_first, wt_next, wt_label, wt_end, wt_tok,
             lm_mode, label_tok, keys, ids, prob, bow, suffix, order, V, N, bos_state,
-            eos, unk, alpha, beta, nodes, lm_total, stamp, slot):
+            eos, unk, alpha, beta, gamma, nodes, lm_total, stamp, slot):
     """lp: (T, C) float64, cand: (T, K) labels to try per frame → (best node, its final
     score, whether it ends on a complete word, the work arrays (grown if need be))."""
     T = lp.shape[0]
@@ -170,6 +173,7 @@ def _search(lp, cand, blank, beam, space, constrain, use_words,
     nodes[0, COUNT] = 0
     nodes[0, WORD] = 0 if use_words else -1
     nodes[0, WLEN] = 0
+    nodes[0, LEN] = 0
     n_nodes = 1
     C = lp.shape[1]
     # the beam's prefixes by a hash of their labels: p + c may be a prefix already in the
@@ -204,6 +208,7 @@ def _search(lp, cand, blank, beam, space, constrain, use_words,
     x_cnt = np.zeros(m, np.int64)
     x_wn = np.zeros(m, np.int64)
     x_wlen = np.zeros(m, np.int64)
+    x_len = np.zeros(m, np.int64)
     x_key = np.zeros(m, np.int64)
     x_lm = np.zeros(m)
     top_s = np.empty(beam)
@@ -293,6 +298,7 @@ def _search(lp, cand, blank, beam, space, constrain, use_words,
                             x_cnt[j] = cnt
                             x_wn[j] = new_wn
                             x_wlen[j] = new_wlen
+                            x_len[j] = nodes[p, LEN] + 1
                             x_key[j] = key
                             x_lm[j] = lm_total[p] + add
                             x_pb[j] = NINF
@@ -323,6 +329,7 @@ def _search(lp, cand, blank, beam, space, constrain, use_words,
                             x_node[nx] = tgt
                             x_lm[nx] = lm_total[tgt]
                             x_cnt[nx] = nodes[tgt, COUNT]
+                            x_len[nx] = nodes[tgt, LEN]
                             x_pb[nx] = NINF
                             x_pnb[nx] = NINF
                             nx += 1
@@ -334,6 +341,8 @@ def _search(lp, cand, blank, beam, space, constrain, use_words,
             if lm_mode > 0:
                 x_score[j] += alpha * x_lm[j]
             x_score[j] += beta * x_cnt[j]
+            if gamma != 0.0:
+                x_score[j] += gamma * x_len[j]
         # the oracle's stable sort, then the first `beam`: one pass keeping the best `beam`
         # in order; an entry moves up only past strictly lower scores, so ties stay in
         # insertion order, as sorted() keeps them
@@ -365,6 +374,7 @@ def _search(lp, cand, blank, beam, space, constrain, use_words,
                 nodes[q, WORD] = x_wn[j]
                 nodes[q, WLEN] = x_wlen[j]
                 nodes[q, HASH] = x_key[j]
+                nodes[q, LEN] = x_len[j]
                 lm_total[q] = x_lm[j]
                 stamp[q] = -1
                 x_node[j] = q
@@ -396,6 +406,8 @@ def _search(lp, cand, blank, beam, space, constrain, use_words,
         if lm_mode > 0:
             sc += alpha * lm
         sc += beta * cnt
+        if gamma != 0.0:
+            sc += gamma * nodes[q, LEN]
         if sc > best_any_score or best_any < 0:
             best_any, best_any_score = q, sc
         if complete and (sc > best_score or best < 0):
@@ -477,12 +489,13 @@ class Decoder:
     beam: 0 = best path. space: the word separator's label name (needed by a lexicon, a
     word-level LM and the word error rate). lexicon: a word list (``read_lexicon``).
     lm: an ARPA file or an ``ArpaLM``; label-level when every word it lists is a label
-    name, word-level otherwise. lm_weight, word_bonus: see the module docstring.
+    name, word-level otherwise. lm_weight, word_bonus, label_bonus: see the module
+    docstring.
     """
 
     def __init__(self, labels: Sequence[str], blank: int, beam: int = 8,
                  space: str | None = None, lexicon=None, lm=None, lm_weight: float = 0.5,
-                 word_bonus: float = 0.0):
+                 word_bonus: float = 0.0, label_bonus: float = 0.0):
         self.labels, self.blank, self.beam = list(labels), int(blank), int(beam)
         if self.beam < 0:
             raise UserError(f"--beam {beam}: must be 0 (best path) or a positive width")
@@ -495,6 +508,7 @@ class Decoder:
             if self.space == self.blank:
                 raise UserError(f"--space '{space}' is the CTC blank")
         self.lm_weight, self.word_bonus = float(lm_weight), float(word_bonus)
+        self.label_bonus = float(label_bonus)
         self.lm = ArpaLM.load(lm) if isinstance(lm, (str, os.PathLike)) else lm
         self.lexicon = (read_lexicon(lexicon, self.labels, self.blank, self.space)
                         if isinstance(lexicon, (str, os.PathLike)) else lexicon)
@@ -565,11 +579,15 @@ class Decoder:
                        np.array(lab, np.int64), np.array(end, np.bool_),
                        np.array(tok, np.int64))
 
-    def with_weights(self, lm_weight: float, word_bonus: float) -> "Decoder":
-        """A copy with other weights (shares the LM tables and the word tree)."""
+    def with_weights(self, lm_weight: float, word_bonus: float,
+                     label_bonus: float | None = None) -> "Decoder":
+        """A copy with other weights (shares the LM tables and the word tree); the label
+        bonus stays as it is unless given."""
         d = object.__new__(Decoder)
         d.__dict__.update(self.__dict__)
         d.lm_weight, d.word_bonus = float(lm_weight), float(word_bonus)
+        if label_bonus is not None:
+            d.label_bonus = float(label_bonus)
         d._local = threading.local()
         return d
 
@@ -589,13 +607,13 @@ class Decoder:
         first, nxt, lab, end, tok = self._words
         ws = getattr(self._local, "ws", None)
         if ws is None:
-            ws = (np.full((4096, 7), -1, np.int64), np.zeros(4096), np.full(4096, -1, np.int64),
+            ws = (np.full((4096, N_COLS), -1, np.int64), np.zeros(4096), np.full(4096, -1, np.int64),
                   np.zeros(4096, np.int64))
         q, score, complete, ws = _search(
             np.ascontiguousarray(lp), cand, self.blank, self.beam, self.space,
             self.lexicon is not None, self.use_words, first, nxt, lab, end, tok,
             self.lm_mode, self.label_tok, keys, ids, prob, bow, suffix, order, V, N, bos,
-            eos, unk, self.lm_weight, self.word_bonus, *ws)
+            eos, unk, self.lm_weight, self.word_bonus, self.label_bonus, *ws)
         self._local.ws = ws  # per thread: decode_batch's threads each keep their own
         labels = _labels_of(ws[0], q)
         if not complete:  # every surviving hypothesis ends inside a word: drop that part
@@ -628,5 +646,7 @@ class Decoder:
             parts.append(f"{self.lm.order}-gram {kind} LM x {self.lm_weight:g}")
         if self.word_bonus:
             parts.append(f"bonus {self.word_bonus:g}")
+        if self.label_bonus:
+            parts.append(f"label bonus {self.label_bonus:g}")
         return " + ".join(parts)
 

@@ -28,6 +28,9 @@ def add_decoder_arguments(p, default_threads: int = 0, threads: bool = True) -> 
     p.add_argument("--lm-weight", type=float, default=0.5, help="LM score weight (default 0.5)")
     p.add_argument("--word-bonus", type=float, default=0.0,
                    help="added per word (per label without --space); default 0")
+    p.add_argument("--label-bonus", type=float, default=0.0,
+                   help="added per label, the separator included, with or without --space "
+                        "(the insertion bonus of a character-level LM); default 0")
     if threads:
         p.add_argument("--threads", type=positive_int, default=default_threads,
                        help="threads decoding sequences in parallel (default: the CPU count)")
@@ -40,7 +43,8 @@ def decoder_from_args(args, labels: Sequence[str], blank: int) -> "Decoder | Non
         return None
     from rnntrain.decode.beam import Decoder  # numba: only when a beam search is asked for
     return Decoder(labels, blank, beam=beam, space=args.space, lexicon=args.lexicon,
-                   lm=args.lm, lm_weight=args.lm_weight, word_bonus=args.word_bonus)
+                   lm=args.lm, lm_weight=args.lm_weight, word_bonus=args.word_bonus,
+                   label_bonus=args.label_bonus)
 
 
 def space_index(args, labels: Sequence[str]) -> int | None:
