@@ -392,11 +392,16 @@ def test_eval_decode_tune_with_lexicon_and_lm_through_the_cli(tmp_path):
     # every command below in one process (the torch import once): run_cli_batch
     base = ["rnntrain", "eval", ckpt, data, "--json", "--space", "L04"]
     arpa, lexf = tmp_path / "w.arpa", tmp_path / "lex.txt"
-    ngram, ev, dec, plain, lm0, tune, nope = run_cli_batch([
+    # transcribe takes decode's options (and gives its hypotheses: below)
+    opts = ["--space", "L04", "--lexicon", lexf, "--lm", arpa, "--lm-weight", "1",
+            "--label-bonus", "0.5"]
+    ngram, ev, dec, dec_opts, tr, plain, lm0, tune, nope = run_cli_batch([
         ("data_tools", "ngram", tmp_path / "text.txt", "--order", "2", "--out", arpa,
          "--smoothing", "wb"),
         (*base, "--lexicon", lexf, "--lm", arpa),
         ("rnntrain", "decode", ckpt, data, "--space", "L04", "--lexicon", lexf),
+        ("rnntrain", "decode", ckpt, data, *opts),
+        ("rnntrain", "transcribe", ckpt, data, *opts, "--threads", "2"),
         ("rnntrain", "decode", ckpt, data, "--beam", "4"),
         ("rnntrain", "decode", ckpt, data, "--beam", "4", "--space", "L04", "--lm", arpa,
          "--lm-weight", "0"),
@@ -415,10 +420,7 @@ def test_eval_decode_tune_with_lexicon_and_lm_through_the_cli(tmp_path):
         hyp = line.split("\t")[1]
         assert all(w.replace(" ", "") in lex for w in hyp.split("L04") if w.strip()), hyp
     # transcribe takes the same options and gives decode's hypotheses
-    opts = ["--space", "L04", "--lexicon", tmp_path / "lex.txt", "--lm", tmp_path / "w.arpa",
-            "--lm-weight", "1", "--label-bonus", "0.5"]
-    dec = run_cli("rnntrain", "decode", ckpt, data, *opts)
-    tr = run_cli("rnntrain", "transcribe", ckpt, data, *opts, "--threads", "2")
+    dec = dec_opts
     assert dec.returncode == 0 and tr.returncode == 0, dec.stderr + tr.stderr
     by_tag = dict(line.split("\t")[:2] for line in dec.stdout.strip().splitlines())
     got = dict(line.split("\t")[:2] for line in tr.stdout.strip().splitlines())
