@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.badinput import BAD_FILES, good_parts, write_nc
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, run_cli_batch, train_here
 
 
 def config(tmp_path, train_file, val=None, name="exp.toml", **sections) -> str:
@@ -56,63 +56,118 @@ def good_nc(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, good_nc):
+def trained(tiny_run):
     """A finished tiny run on good data (its checkpoints are used by several cases)."""
-    d = tmp_path_factory.mktemp("trained")
-    cfg = config(d, good_nc[0])
-    p = train(cfg, f"run.dir={d / 'run'}")
-    assert p.returncode == 0, p.stderr[-2000:]
-    return cfg, d / "run"
+    return tiny_run[1:]
+
+
+@pytest.fixture(scope="module")
+def bad_file_runs(tmp_path_factory):
+    """Every BAD_FILES case through ``rnntrain train``, all in one process (run_cli_batch:
+    the torch import once, not once per case) → {case: (path, run folder, result)}."""
+    d = tmp_path_factory.mktemp("badfiles")
+    cases = {}
+    for case, (build, _) in sorted(BAD_FILES.items()):
+        (d / case).mkdir()
+        path = build(d / case / f"{case}.nc")
+        cases[case] = (path, d / case / "run", config(d / case, path))
+    results = run_cli_batch([("rnntrain", "train", cfg, f"run.dir={run}")
+                             for _, run, cfg in cases.values()])
+    return {case: (path, run, r) for (case, (path, run, _)), r in zip(cases.items(), results)}
 
 
 @pytest.mark.parametrize("case", sorted(BAD_FILES))
-def test_bad_training_file(tmp_path, case):
-    build, fragments = BAD_FILES[case]
-    path = build(tmp_path / f"{case}.nc")
-    run = tmp_path / "run"
-    p = train(config(tmp_path, path), f"run.dir={run}")
-    msg = assert_clean_error(p, str(path), *fragments)
+def test_bad_training_file(bad_file_runs, case):
+    path, run, p = bad_file_runs[case]
+    msg = assert_clean_error(p, str(path), *BAD_FILES[case][1])
     assert "\n" not in msg
     assert not list(run.glob("checkpoints/*.pt")), "a checkpoint was written from bad data"
 
 
-def test_val_input_size_differs(tmp_path, good_nc):
-    p = train(config(tmp_path, good_nc[0], val=good_nc[1]), f"run.dir={tmp_path / 'r'}")
-    assert_clean_error(p, str(good_nc[1]), "inputPattSize 4 differs from training data",
-                       str(good_nc[0]), "(3)")
-
-
-def test_bad_validation_file(tmp_path, good_nc):
-    bad = BAD_FILES["nan_inputs"][0](tmp_path / "val.nc")
-    p = train(config(tmp_path, good_nc[0], val=bad), f"run.dir={tmp_path / 'r'}")
-    assert_clean_error(p, str(bad), "sequence 2 ('utt2')", "NaN or Inf")
-
-
-def test_checkpoint_input_size_differs_on_resume(tmp_path, trained, good_nc):
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory, trained, good_nc):
+    """Command lines refused before training (each in a folder of its own), all in one
+    process (run_cli_batch) → {name: (result, folder)}. test_missing_data_path and
+    test_run_dir_not_writable below run theirs as processes of their own."""
+    d = tmp_path_factory.mktemp("refused")
     cfg, run = trained
-    p = train(cfg, f"run.dir={run}", f"data.train={good_nc[1]}", "--resume", "auto")
-    assert_clean_error(p, str(good_nc[1]), "inputPattSize 4 differs from checkpoint",
-                       str(run / "checkpoints"), "(3)")
+    evil = d / "code" / "evil.pt"
+    evil.parent.mkdir()
+    torch.save({"format": 1, "model": _Payload(d / "code" / "pwned")}, evil)
+    cases = {
+        "val_size": lambda t: ("train", config(t, good_nc[0], val=good_nc[1]),
+                               f"run.dir={t / 'r'}"),
+        "val_nan": lambda t: ("train", config(t, good_nc[0], val=BAD_FILES["nan_inputs"][0](
+            t / "val.nc")), f"run.dir={t / 'r'}"),
+        "resume_size": lambda t: ("train", cfg, f"run.dir={run}", f"data.train={good_nc[1]}",
+                                  "--resume", "auto"),
+        "eval_size": lambda t: ("eval", run / "checkpoints" / "last.pt", good_nc[1]),
+        "not_set": lambda t: ("train", _write(t / "c.toml", "[model]\nhidden = 8\n")),
+        "other_model": lambda t: ("train", cfg, f"run.dir={run}", "model.hidden=9", "--resume",
+                                  "auto"),
+        "code": lambda t: ("eval", evil, good_nc[0]),
+        "no_checkpoint": lambda t: ("train", config(t, good_nc[0]), f"run.dir={t / 'run'}",
+                                    "--resume", "auto"),
+    }
+    argvs = {}
+    for name, make in cases.items():
+        (d / name).mkdir(exist_ok=True)
+        argvs[name] = ("rnntrain", *make(d / name))
+    res = run_cli_batch(list(argvs.values()))
+    return {name: (r, d / name) for name, r in zip(argvs, res)}
 
 
-def test_checkpoint_input_size_differs_on_eval(trained, good_nc):
+def _write(path, text):
+    path.write_text(text)
+    return path
+
+
+def test_val_input_size_differs(refused, good_nc):
+    assert_clean_error(refused["val_size"][0], str(good_nc[1]),
+                       "inputPattSize 4 differs from training data", str(good_nc[0]), "(3)")
+
+
+def test_bad_validation_file(refused):
+    p, d = refused["val_nan"]
+    assert_clean_error(p, str(d / "val.nc"), "sequence 2 ('utt2')", "NaN or Inf")
+
+
+def test_checkpoint_input_size_differs_on_resume(refused, trained, good_nc):
     _, run = trained
-    p = run_cli("rnntrain", "eval", run / "checkpoints" / "last.pt", good_nc[1])
-    assert_clean_error(p, str(good_nc[1]), "inputPattSize 4 differs from the checkpoint's (3)")
+    assert_clean_error(refused["resume_size"][0], str(good_nc[1]),
+                       "inputPattSize 4 differs from checkpoint", str(run / "checkpoints"),
+                       "(3)")
 
 
-@pytest.mark.parametrize("text, fragments", [
+def test_checkpoint_input_size_differs_on_eval(refused, good_nc):
+    assert_clean_error(refused["eval_size"][0], str(good_nc[1]),
+                       "inputPattSize 4 differs from the checkpoint's (3)")
+
+
+BAD_CONFIGS = [
     ("[train]\nepoch = 3\n", ["unknown key train.epoch", "valid keys of [train]", "epochs"]),
     ("[trian]\n", ["unknown section [trian]"]),
     ('[train]\nepochs = "three"\n', ["train.epochs must be int", "str 'three'"]),
     ("[optim]\nlr = -0.1\n", ["optim.lr = -0.1 must be > 0"]),
     ("[model]\nhidden = 0\n", ["model.hidden = 0 must be > 0"]),
     ("[model\n", ["not valid TOML"]),
-])
-def test_bad_config(tmp_path, good_nc, text, fragments):
-    cfg = tmp_path / "bad.toml"
-    cfg.write_text(f'[data]\ntrain = "{good_nc[0]}"\n' + text)
-    assert_clean_error(train(cfg), *fragments)
+]
+
+
+@pytest.fixture(scope="module")
+def bad_config_runs(tmp_path_factory, good_nc):
+    """Every BAD_CONFIGS case through ``rnntrain train``, in one process (run_cli_batch)."""
+    d = tmp_path_factory.mktemp("badconfigs")
+    cfgs = []
+    for i, (text, _) in enumerate(BAD_CONFIGS):
+        cfgs.append(d / f"bad{i}.toml")
+        cfgs[-1].write_text(f'[data]\ntrain = "{good_nc[0]}"\n' + text)
+    return run_cli_batch([("rnntrain", "train", c) for c in cfgs])
+
+
+@pytest.mark.parametrize("i", range(len(BAD_CONFIGS)))
+def test_bad_config(bad_config_runs, i):
+    assert_clean_error(bad_config_runs[i], *BAD_CONFIGS[i][1])
 
 
 def test_missing_data_path(tmp_path):
@@ -120,10 +175,8 @@ def test_missing_data_path(tmp_path):
     assert_clean_error(p, str(tmp_path / "nowhere.nc"), "not found")
 
 
-def test_data_path_not_set(tmp_path):
-    cfg = tmp_path / "c.toml"
-    cfg.write_text("[model]\nhidden = 8\n")
-    assert_clean_error(train(cfg), "data.train is not set")
+def test_data_path_not_set(refused):
+    assert_clean_error(refused["not_set"][0], "data.train is not set")
 
 
 def test_run_dir_not_writable(tmp_path, good_nc):
@@ -144,10 +197,9 @@ def test_fresh_run_refuses_a_folder_with_checkpoints(trained):
     assert (run / "config.toml").read_bytes() == config_toml
 
 
-def test_resume_with_other_model_section(tmp_path, trained):
-    cfg, run = trained
-    p = train(cfg, f"run.dir={run}", "model.hidden=9", "--resume", "auto")
-    assert_clean_error(p, "model section differs from the config", "'hidden': (8, 9)")
+def test_resume_with_other_model_section(refused):
+    assert_clean_error(refused["other_model"][0], "model section differs from the config",
+                       "'hidden': (8, 9)")
 
 
 def test_corrupt_checkpoints_fall_back(tmp_path, trained):
@@ -192,8 +244,7 @@ def test_disk_full_while_checkpointing_keeps_previous(tmp_path, synth_pair):
                  train={"epochs": 2, "batch_frames": 600, "log_every": 1000},
                  checkpoint={"every_steps": 4})
     run = tmp_path / "run"
-    first = train(cfg, f"run.dir={run}", "train.epochs=1")
-    assert first.returncode == 0, first.stderr[-2000:]
+    train_here(cfg, f"run.dir={run}", "train.epochs=1")
     good = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
     size = (run / "checkpoints" / "last.pt").stat().st_size
     assert size > 12_000, "the limit must be below one checkpoint"
@@ -268,9 +319,8 @@ def _spiky_run(tmp_path, spike_seqs, **train_section):
     spiky = write_nc(tmp_path / "spiky.nc", dict(parts, inputs=x))
     sections = {"train": {"batch_frames": 40, "epochs": 1, **train_section},
                 "checkpoint": {"every_steps": 1, "keep_last": 100}}
-    first = tmp_path / "first"
-    p = train(config(tmp_path, good, name="good.toml", **sections), f"run.dir={first}")
-    assert p.returncode == 0, p.stderr[-2000:]
+    first = train_here(config(tmp_path, good, name="good.toml", **sections),
+                       f"run.dir={tmp_path / 'first'}")
     ck = torch.load(first / "checkpoints" / "last.pt", weights_only=True)
     for k, v in ck["model"].items():
         if k.startswith("rnn") and "weight_ih_l0" in k:
@@ -392,16 +442,13 @@ class _Payload:
         return (open, (self.marker, "w"))
 
 
-def test_checkpoint_with_code_is_refused(tmp_path, good_nc):
-    marker = tmp_path / "pwned"
-    evil = tmp_path / "evil.pt"
-    torch.save({"format": 1, "model": _Payload(marker)}, evil)
-    p = run_cli("rnntrain", "eval", evil, good_nc[0])
-    assert_clean_error(p, str(evil), "not a readable checkpoint")
-    assert not marker.exists(), "loading a checkpoint ran code"
+def test_checkpoint_with_code_is_refused(refused):
+    p, d = refused["code"]
+    assert_clean_error(p, str(d / "evil.pt"), "not a readable checkpoint")
+    assert not (d / "pwned").exists(), "loading a checkpoint ran code"
 
 
-def test_resume_without_checkpoint(tmp_path, good_nc):
-    run = tmp_path / "run"
-    p = train(config(tmp_path, good_nc[0]), f"run.dir={run}", "--resume", "auto")
-    assert_clean_error(p, f"--resume auto: no checkpoint in {run / 'checkpoints'}", "run.dir=")
+def test_resume_without_checkpoint(refused):
+    p, d = refused["no_checkpoint"]
+    assert_clean_error(p, f"--resume auto: no checkpoint in {d / 'run' / 'checkpoints'}",
+                       "run.dir=")

@@ -14,7 +14,7 @@ import pytest
 from rnntrain import cli
 from rnntrain.cli_args import split_overrides, take_resume
 from rnntrain.config import section_names
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, run_cli_batch, train_here
 
 SECTIONS = section_names()
 
@@ -116,7 +116,6 @@ def _train(*argv, **kw):
     return run_cli("rnntrain", "train", *argv, **kw)
 
 
-@pytest.mark.slow
 def test_finished_run_resume_and_requeue(tiny):
     d, args = tiny
     run = d / "finished"
@@ -160,16 +159,18 @@ def test_finished_run_resume_and_requeue(tiny):
     assert more["started"] == status["started"] and more["resumed"] > status["updated"]
 
 
-@pytest.mark.slow
 def test_eval_json_schema_and_closed_pipe_and_no_weights_only_advice(tiny, tmp_path):
     import torch
     d, args = tiny
-    run = tmp_path / "r"
-    r = _train(*args, f"run.dir={run}", "train.epochs=1")
-    assert r.returncode == 0, r.stderr[-3000:]
+    run = train_here(None, *args, f"run.dir={tmp_path / 'r'}", "train.epochs=1")  # set-up
     ck = run / "checkpoints" / "last.pt"
-    plain = run_cli("rnntrain", "eval", ck, d / "va.nc", "--json")
-    beam = run_cli("rnntrain", "eval", ck, d / "va.nc", "--json", "--beam", "3")
+    # a file with Python objects: refused without torch's weights_only=False advice
+    torch.save({"format": 1, "model": {"when": __import__("datetime").date(2020, 1, 1)}},
+               tmp_path / "odd.pt")
+    plain, beam, odd = run_cli_batch([("rnntrain", "eval", ck, d / "va.nc", "--json"),
+                                      ("rnntrain", "eval", ck, d / "va.nc", "--json",
+                                       "--beam", "3"),
+                                      ("rnntrain", "eval", tmp_path / "odd.pt", d / "va.nc")])
     a, b = json.loads(plain.stdout), json.loads(beam.stdout)
     assert a.keys() == b.keys() and a["beam"] is None and a["beam_width"] == 0
     assert a["best"] == {k: v for k, v in a.items() if k not in ("best", "beam", "beam_width")}
@@ -183,10 +184,7 @@ def test_eval_json_schema_and_closed_pipe_and_no_weights_only_advice(tiny, tmp_p
     err = p.stderr.read().decode()
     p.wait(timeout=120)
     assert p.returncode == 141 and err == "", err
-    # a file with Python objects: refused without torch's weights_only=False advice
-    torch.save({"format": 1, "model": {"when": __import__("datetime").date(2020, 1, 1)}},
-               tmp_path / "odd.pt")
-    r = run_cli("rnntrain", "eval", tmp_path / "odd.pt", d / "va.nc")
+    r = odd
     assert r.returncode == 2 and "weights_only" not in r.stderr, r.stderr
     assert "refused, since loading them could run code" in r.stderr
 

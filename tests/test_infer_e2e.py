@@ -25,6 +25,8 @@ REC = next((p / "fsdd" / "recordings" for p in
             [Path(os.environ.get("RNNTRAIN_DATA", _ROOT / "missing")),
              _ROOT.parent / "shared" / "data", _ROOT.parents[1] / "shared" / "data"]
             if (p / "fsdd" / "recordings").is_dir()), _ROOT / "missing")
+# slow (left out of the default run): by default, test_infer.py checks transcribe, the API
+# and both exports against the training network on synthetic data and converted audio
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not REC.is_dir(), reason="no FSDD recordings in shared/data")]
 

@@ -171,6 +171,8 @@ def test_character_models_transcribe_to_text(tmp_path):
         assert d["text"] == "".join(" " if x == "<space>" else x for x in want.labels)
 
 
+# slow (left out of the default run): by default,
+# test_transcribe_images_gives_what_decode_gives_on_the_converted_file and test_lm_decode.py
 @pytest.mark.slow
 def test_transcribe_images_with_an_lm_gives_what_decode_gives(imrun, tmp_path):
     from data_tools.ngram import build, write_arpa
@@ -328,6 +330,7 @@ def test_hostile_inputs_to_transcribe_are_one_line(hostile, case):
     assert r.stdout == ""
 
 
+# slow (left out of the default run): by default, test_hostile_inputs_to_transcribe_are_one_line
 @pytest.mark.slow
 def test_transcribe_still_reads_the_good_files_of_the_hostile_set(hostile):
     d, _ = hostile

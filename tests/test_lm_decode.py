@@ -364,7 +364,6 @@ def test_built_models_are_normalised(tmp_path, smoothing):
 
 # -- the commands, end to end ------------------------------------------------------------
 
-@pytest.mark.slow
 def test_eval_decode_tune_with_lexicon_and_lm_through_the_cli(tmp_path):
     import json
 
@@ -372,7 +371,7 @@ def test_eval_decode_tune_with_lexicon_and_lm_through_the_cli(tmp_path):
     from rnntrain.data import ncdata
     from rnntrain.config import load_config
     from rnntrain.run.train import train
-    from tests.conftest import run_cli
+    from tests.conftest import run_cli_batch
     names = label_names(5)  # L04 separates words
     seqs = list(make_sequences(12, 5, 6, 7, mean_labels=5, noise=0.3))
     frames = [x for x, _ in seqs]
@@ -390,40 +389,48 @@ def test_eval_decode_tune_with_lexicon_and_lm_through_the_cli(tmp_path):
     (tmp_path / "lex.txt").write_text("\n".join(sorted(set(words))) + "\n")
     (tmp_path / "text.txt").write_text("\n".join(
         " ".join(w.replace(" ", "") for w in t.split("L04") if w.strip()) for t in targets))
-    r = run_cli("data_tools", "ngram", tmp_path / "text.txt", "--order", "2", "--out",
-                tmp_path / "w.arpa", "--smoothing", "wb")
-    assert r.returncode == 0, r.stderr
+    # every command below in one process (the torch import once): run_cli_batch
     base = ["rnntrain", "eval", ckpt, data, "--json", "--space", "L04"]
-    r = run_cli(*base, "--lexicon", tmp_path / "lex.txt", "--lm", tmp_path / "w.arpa")
+    arpa, lexf = tmp_path / "w.arpa", tmp_path / "lex.txt"
+    # transcribe takes decode's options (and gives its hypotheses: below)
+    opts = ["--space", "L04", "--lexicon", lexf, "--lm", arpa, "--lm-weight", "1",
+            "--label-bonus", "0.5"]
+    ngram, ev, dec, dec_opts, tr, plain, lm0, tune, nope = run_cli_batch([
+        ("data_tools", "ngram", tmp_path / "text.txt", "--order", "2", "--out", arpa,
+         "--smoothing", "wb"),
+        (*base, "--lexicon", lexf, "--lm", arpa),
+        ("rnntrain", "decode", ckpt, data, "--space", "L04", "--lexicon", lexf),
+        ("rnntrain", "decode", ckpt, data, *opts),
+        ("rnntrain", "transcribe", ckpt, data, *opts, "--threads", "2"),
+        ("rnntrain", "decode", ckpt, data, "--beam", "4"),
+        ("rnntrain", "decode", ckpt, data, "--beam", "4", "--space", "L04", "--lm", arpa,
+         "--lm-weight", "0"),
+        ("rnntrain", "tune-decoder", ckpt, data, "--space", "L04", "--lm", arpa,
+         "--lm-weights", "0,1", "--word-bonuses", "0,2", "--json"),
+        ("rnntrain", "eval", ckpt, data, "--space", "nope")])
+    assert ngram.returncode == 0, ngram.stderr
+    r = ev
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert "wer" in out["best"] and "wer" in out["beam"] and "lexicon" in out["beam"]["decoder"]
-    r = run_cli("rnntrain", "decode", ckpt, data, "--space", "L04", "--lexicon",
-                tmp_path / "lex.txt")
+    r = dec
     assert r.returncode == 0, r.stderr
     lex = set(words)
     for line in r.stdout.strip().splitlines():
         hyp = line.split("\t")[1]
         assert all(w.replace(" ", "") in lex for w in hyp.split("L04") if w.strip()), hyp
     # transcribe takes the same options and gives decode's hypotheses
-    opts = ["--space", "L04", "--lexicon", tmp_path / "lex.txt", "--lm", tmp_path / "w.arpa",
-            "--lm-weight", "1", "--label-bonus", "0.5"]
-    dec = run_cli("rnntrain", "decode", ckpt, data, *opts)
-    tr = run_cli("rnntrain", "transcribe", ckpt, data, *opts, "--threads", "2")
+    dec = dec_opts
     assert dec.returncode == 0 and tr.returncode == 0, dec.stderr + tr.stderr
     by_tag = dict(line.split("\t")[:2] for line in dec.stdout.strip().splitlines())
     got = dict(line.split("\t")[:2] for line in tr.stdout.strip().splitlines())
     assert got == by_tag and len(got) == 12
     # an LM at weight 0 and no bonus changes nothing: the plain beam's hypotheses
-    plain = run_cli("rnntrain", "decode", ckpt, data, "--beam", "4")
-    lm0 = run_cli("rnntrain", "decode", ckpt, data, "--beam", "4", "--space", "L04", "--lm",
-                  tmp_path / "w.arpa", "--lm-weight", "0")
     assert plain.returncode == 0 and lm0.returncode == 0 and plain.stdout == lm0.stdout
-    r = run_cli("rnntrain", "tune-decoder", ckpt, data, "--space", "L04", "--lm",
-                tmp_path / "w.arpa", "--lm-weights", "0,1", "--word-bonuses", "0,2", "--json")
+    r = tune
     assert r.returncode == 0, r.stderr
     t = json.loads(r.stdout)
     assert len(t["table"]) == 4
     assert t["best"]["wer"] == min(row["wer"] for row in t["table"])
-    r = run_cli("rnntrain", "eval", ckpt, data, "--space", "nope")
+    r = nope
     assert r.returncode == 2 and "--space 'nope'" in r.stderr and "Traceback" not in r.stderr

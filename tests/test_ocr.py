@@ -280,6 +280,8 @@ def write_glyph_sets(tmp_path):
     return tmp_path / "train.nc"
 
 
+# slow (left out of the default run): by default, test_train.py overfits through
+# the same loop and the conv cases above check the front end itself
 @pytest.mark.slow
 def test_tiny_2d_set_overfits_through_cli(tmp_path):
     """Train conv + BLSTM on 24 glyph-string images (heights 8 and 6) through the CLI, then
@@ -301,6 +303,7 @@ def test_tiny_2d_set_overfits_through_cli(tmp_path):
     assert ck["image_height"] == 8
 
 
+# slow (left out of the default run): by default, test_resume.py kills and resumes
 @pytest.mark.slow
 def test_conv_2d_sigkill_resume_bit_identical(tmp_path):
     """Conv front end on 2-D data, two worker threads, channel dropout and input noise:
@@ -325,6 +328,7 @@ def test_conv_2d_sigkill_resume_bit_identical(tmp_path):
 
 
 @pytest.mark.mpi
+# slow (left out of the default run): by default, test_mpi.py checks N ranks = 1
 @pytest.mark.slow
 def test_conv_2d_two_ranks_train_like_one(tmp_path):
     """2 MPI ranks with global batch B end an epoch with the weights of 1 rank with batch

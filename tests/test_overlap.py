@@ -117,6 +117,7 @@ def test_auto_is_off_alone_and_on_is_checked_alone_too():
 
 
 @pytest.mark.torchrun
+# slow (left out of the default run): by default, test_what_cannot_overlap_is_a_config_error
 @pytest.mark.slow
 def test_two_workers_per_rank_are_refused_in_one_line(tiny_config, tmp_path):
     r, _ = launch(2, "-m", "rnntrain", "train", tiny_config, f"run.dir={tmp_path / 'run'}",
@@ -128,6 +129,7 @@ def test_two_workers_per_rank_are_refused_in_one_line(tiny_config, tmp_path):
 
 
 @pytest.mark.mpi
+# slow (left out of the default run): by default, test_auto_is_off_alone_and_on_is_checked_alone_too
 @pytest.mark.slow
 @pytest.mark.skipif(mpiexec() is None, reason="mpiexec not found")
 def test_mpi_ranks_are_refused(tiny_config, tmp_path):
@@ -170,6 +172,8 @@ def test_overlapped_training_matches_plain_and_one_rank(tiny_config, serial_weig
 
 
 @pytest.mark.torchrun
+# slow (left out of the default run): by default,
+# test_overlapped_training_matches_plain_and_one_rank and test_resume.py
 @pytest.mark.slow
 def test_resume_with_overlap_is_exact(tiny_config, tmp_path):
     """Epoch 1, then epoch 2 resumed (both overlapped), vs 2 epochs in one go."""
@@ -219,6 +223,8 @@ def test_rank_dying_inside_the_overlapped_exchange_is_named(tiny_config, tmp_pat
 
 
 @pytest.mark.torchrun
+# slow (left out of the default run): by default,
+# test_rank_dying_inside_the_overlapped_exchange_is_named and test_torchdist.py's stuck rank
 @pytest.mark.slow
 def test_rank_hanging_while_the_buckets_wait_is_named(tiny_config, tmp_path):
     """SIGSTOP on rank 1 at step 4: rank 0's buckets miss dist.timeout_s, the roll call

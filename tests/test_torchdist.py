@@ -150,6 +150,7 @@ def test_two_ranks_train_like_one_every_mode_and_wire(tiny_config, serial_weight
 
 
 @pytest.mark.torchrun
+# slow (left out of the default run): by default, the 2-rank case above, every mode and wire
 @pytest.mark.slow
 def test_three_ranks_train_like_one(tiny_config, serial_weights, tmp_path):
     runs = {"ar3": "dist.mode=allreduce", "ms3": "dist.mode=master",
@@ -178,6 +179,7 @@ def test_rank_that_raises_or_dies_ends_the_job_naming_it(tiny_config, tmp_path):
 
 
 @pytest.mark.torchrun
+# slow (left out of the default run): by default, test_misuse_is_one_clean_error_not_n_trainings
 @pytest.mark.slow
 def test_user_error_on_one_rank_is_one_line(tiny_config, tmp_path):
     r, secs = fault(2, tiny_config, tmp_path, 1, "baddata")
@@ -203,6 +205,7 @@ def test_stuck_rank_is_named_within_the_timeout(tiny_config, tmp_path):
 
 
 @pytest.mark.torchrun
+# slow (left out of the default run): by default, test_stuck_rank_is_named_within_the_timeout
 @pytest.mark.slow
 def test_stuck_rank_zero_is_named_by_the_next(tiny_config, tmp_path):
     """Rank 0 stuck among 3: the store lives in torchrun's agent, so rank 1 calls the roll
@@ -211,7 +214,6 @@ def test_stuck_rank_zero_is_named_by_the_next(tiny_config, tmp_path):
 
 
 @pytest.mark.torchrun
-@pytest.mark.slow
 def test_sigterm_to_torchrun_stops_every_rank_after_one_step(tiny_config, tmp_path):
     """torchrun forwards SIGTERM to its workers (Slurm preemption, scancel): the ranks agree
     on the step (the stop flag rides a collective), rank 0 checkpoints it, the run is
@@ -265,7 +267,6 @@ def test_overlapped_bucket_exchange_on_nccl(tmp_path):
 
 @pytest.mark.torchrun
 @pytest.mark.mpi
-@pytest.mark.slow
 @pytest.mark.skipif(mpiexec() is None, reason="mpiexec not found")
 def test_resume_across_engines(tiny_config, tmp_path):
     """Epoch 1 under one engine, epoch 2 resumed under the other: the same final weights
