@@ -149,7 +149,8 @@ def _cmd_transcribe(args) -> int:
     from rnntrain.infer.api import load
     from rnntrain.infer.transcribe import expand, transcribe
     expand(args.inputs)  # every input exists and is of a known kind, before the model loads
-    threads = args.threads or os.cpu_count() or 1
+    from rnntrain.compute.pool import usable_cores
+    threads = args.threads or usable_cores()
     # ONNX Runtime: one intra-op thread per worker thread, as for torch
     model = load(args.model, device=args.device, threads=1 if threads > 1 else 0)
     # the compiled decoder that decode and eval use: the same hypotheses for the same input

@@ -5,10 +5,10 @@ Imports nothing heavy, so building the command-line parser stays fast.
 """
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 from rnntrain.cli_args import non_negative_int, positive_int
+from rnntrain.compute.pool import usable_cores
 from rnntrain.errors import UserError
 
 
@@ -57,4 +57,4 @@ def space_index(args, labels: Sequence[str]) -> int | None:
 
 
 def decode_threads(args) -> int:
-    return args.threads if args.threads and args.threads > 0 else (os.cpu_count() or 1)
+    return args.threads if args.threads and args.threads > 0 else usable_cores()

@@ -14,7 +14,6 @@ one chunk at a time.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from rnntrain.compute.pool import usable_cores
 from rnntrain.errors import DataError, UserError
 from rnntrain.frontend.images import IMAGE_SUFFIXES
 from rnntrain.infer.api import AUDIO_SUFFIXES, Model, Transcript
@@ -136,7 +136,7 @@ def transcribe(model: Model, inputs: list[str], beam=0, threads: int = 0,
     beam = 0 if beam is None else beam
     sources = expand(inputs)
     out = out or sys.stdout
-    workers = threads or os.cpu_count() or 1
+    workers = threads or usable_cores()
     from tqdm import tqdm
     n_files = sum(1 for s in sources if s.kind == "file")
     bar = tqdm(total=n_files or None, unit="utt", desc="transcribe", leave=False,
@@ -146,7 +146,7 @@ def transcribe(model: Model, inputs: list[str], beam=0, threads: int = 0,
     saved = torch.get_num_threads()
     # one intra-op thread per worker: utterances in parallel scale better than one
     # utterance's small matrices over several threads
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+    torch.set_num_threads(max(1, usable_cores() // workers))
     window: deque[tuple[str, Future]] = deque()
     count = 0
 
