@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Sequence
 
 from rnntrain.cli_args import non_negative_int, positive_int
-from rnntrain.compute.pool import usable_cores
 from rnntrain.errors import UserError
 
 
@@ -57,4 +56,5 @@ def space_index(args, labels: Sequence[str]) -> int | None:
 
 
 def decode_threads(args) -> int:
+    from rnntrain.compute.pool import usable_cores  # (imports torch: only when decoding)
     return args.threads if args.threads and args.threads > 0 else usable_cores()
