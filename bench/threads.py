@@ -22,8 +22,11 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-import torch
+from rnntrain.compute import allocator
+
+allocator.configure("cache")  # as `rnntrain train` does, before torch starts threads
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 from data_tools.synth import write_synth
 from rnntrain.data.dataset import Dataset

@@ -23,6 +23,8 @@ def _cmd_train(args) -> int:
     if args.trace:
         from rnntrain.run import trace
         trace.configure(args.trace, trace.parse_window(args.trace_steps))
+    from rnntrain.compute import allocator
+    allocator.configure(cfg.train.allocator)  # before torch starts any thread
     from rnntrain.run.train import train  # torch: imported once the arguments are known to be good
     try:
         train(cfg, args.config, args.overrides, resume=args.resume)

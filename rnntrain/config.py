@@ -37,6 +37,7 @@ Normalize = Literal["sum", "sequences", "frames"]
 Schedule = Literal["constant", "cosine", "step"]
 Precision = Literal["fp32", "bf16", "fp16"]
 PlanStrategy = Literal["auto", "length", "sharded", "random"]
+Allocator = Literal["cache", "system"]
 ExchangeMode = Literal["allreduce", "master"]
 DistBackend = Literal["auto", "mpi", "torch"]
 Overlap = Literal["auto", "on", "off"]
@@ -104,6 +105,10 @@ class TrainConfig:
     patience: int = non_negative(0)  # stop after N validations without improvement; 0 = never
     log_every: int = positive(20)            # steps between metric lines
     val_every_epochs: int = positive(1)
+    # "cache": freed memory stays in the process for the next step's tensors (no page
+    # faults after the first steps; a higher resident peak); "system": glibc's defaults,
+    # large blocks go back to the kernel at once (rnntrain.compute.allocator)
+    allocator: Allocator = "cache"
 
 
 @dataclass

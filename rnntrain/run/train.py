@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from rnntrain.compute import allocator
 from rnntrain.compute.device import autocast_dtype, host_every, memory_bytes, pick_device
 from rnntrain.compute.model import (build_model, check_memory, count_params, init_uniform,
                                     total_subsample)
@@ -75,6 +76,9 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
 
 
 def _train(cfg: Config, config_path, overrides, resume, locks: list):
+    # the CLI sets it before torch is imported; from the Python API it holds for the
+    # threads started from here on (the workers, the reader)
+    allocator.configure(cfg.train.allocator)
     comm = dist.init(cfg.dist, cfg.train.device)
     trace.attach(lambda: collectives.wait_for_all(comm))  # aligns the ranks' clocks (--trace)
     tc, rank = cfg.train, comm.rank

@@ -1,0 +1,49 @@
+"""The process's memory allocator: keep freed memory for the next step (``train.allocator``).
+
+A training step allocates and frees the same large tensors every time (the LSTM's gate
+workspace, the CTC lattices, activations). glibc hands blocks over its mmap threshold
+straight back to the kernel on ``free`` and the per-thread arenas trim their tops, so
+every step faults all of that memory in again, one zeroed 4 KiB page at a time: on the
+reference model a third of a core went to the kernel (docs/threads.md, "The allocator").
+
+``cache`` tells glibc, before the workers start, to serve every block from one heap
+(``M_MMAP_MAX`` 0, ``M_ARENA_MAX`` 1) and to keep what is freed (``M_TRIM_THRESHOLD``):
+after the first steps the process reuses its own pages. The price is a higher resident
+peak, since freed blocks of one shape cannot always serve the next shape. ``system``
+leaves glibc's defaults. Elsewhere than glibc (musl, macOS) both are the same.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from typing import Literal
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
+MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc refuses more (HEAP_MAX_SIZE / 2 on 64-bit)
+_applied: str | None = None
+
+
+def _libc():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt  # noqa: B018 (glibc only)
+        libc.gnu_get_libc_version
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+def configure(mode: Literal["cache", "system"]) -> bool:
+    """Set the allocator policy for this process (call before torch starts threads: the
+    arena limit only holds for threads that have not allocated yet). Returns True when
+    the policy took effect (glibc), False otherwise. Idempotent."""
+    global _applied
+    if mode == "system" or _applied == mode:
+        return _applied == mode
+    libc = _libc()
+    if libc is None:
+        return False
+    ok = all(libc.mallopt(p, v) == 1 for p, v in (
+        (M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX), (M_ARENA_MAX, 1), (M_TRIM_THRESHOLD, 2**31 - 1)))
+    _applied = mode if ok else None
+    return ok

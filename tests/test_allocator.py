@@ -1,0 +1,73 @@
+"""train.allocator: "cache" keeps freed memory in the process (no page faults when a step
+allocates the same large tensors again) and changes no result."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rnntrain.compute import allocator
+from tests.conftest import ROOT, run_cli
+
+# A worker thread (a new one, as the training workers are) mallocs a 20 MiB block, as the
+# LSTM's workspace is: glibc's default maps it from the kernel (and unmaps it on free, so
+# the next step faults every page in again); "cache" serves it from the one heap, which
+# keeps what is freed. mallinfo2 (every arena): hblkhd = bytes in mapped blocks.
+PROBE = """
+import ctypes, sys, threading
+from rnntrain.compute import allocator
+applied = allocator.configure(sys.argv[1])
+import torch  # as in training: torch's own threads start after the policy
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks "
+                "keepcost".split()]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Info
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+out = []
+def work():
+    before = libc.mallinfo2().hblkhd
+    p = libc.malloc(20 * 2**20)
+    out.append(libc.mallinfo2().hblkhd - before)
+    libc.free(p)
+th = threading.Thread(target=work); th.start(); th.join()
+print(applied, out[0])
+"""
+
+
+def _mapped(mode: str) -> tuple[str, int]:
+    p = subprocess.run([sys.executable, "-c", PROBE, mode], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    assert p.returncode == 0, p.stderr
+    applied, mapped = p.stdout.split()
+    return applied, int(mapped)
+
+
+@pytest.mark.skipif(allocator._libc() is None or not hasattr(allocator._libc(), "mallinfo2"),
+                    reason="not glibc >= 2.33: the policy does not apply")
+def test_cache_keeps_large_blocks_in_the_heap_system_maps_them():
+    applied_s, system = _mapped("system")
+    applied_c, cached = _mapped("cache")
+    assert (applied_s, applied_c) == ("False", "True")
+    assert system >= 20 * 2**20   # mapped from the kernel, given back on free
+    assert cached == 0            # from the heap that keeps freed memory
+
+
+def test_allocator_changes_no_weight(synth_pair, tmp_path):
+    train, val = synth_pair
+    digests = {}
+    for mode in ("system", "cache"):
+        run = tmp_path / mode
+        p = run_cli("rnntrain", "train", f"data.train={train}", "model.layers=1",
+                    "model.hidden=16", "train.epochs=1", "train.batch_frames=600",
+                    f"train.allocator={mode}", "train.threads=2", f"run.dir={run}")
+        assert p.returncode == 0, p.stderr[-2000:]
+        ck = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+        digests[mode] = ck["model"]
+    assert digests["system"].keys() == digests["cache"].keys()
+    for k in digests["system"]:
+        assert torch.equal(digests["system"][k], digests["cache"][k]), k
