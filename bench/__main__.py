@@ -36,7 +36,7 @@ SECTIONS = [
     ("kernels", "LSTM kernel experiments", 180),
     ("threads", "Thread scaling", 80),
     ("validation", "Validation and eval throughput", 150),
-    ("ranks", "Rank scaling (MPI, torch.distributed)", 220),
+    ("ranks", "Rank scaling (MPI, torch.distributed)", 400),
     ("reader", "Reader throughput and data wait", 120),
     ("stragglers", "Stragglers and load balance", 15),
     ("gpu", "GPU", 15),

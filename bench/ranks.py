@@ -336,6 +336,7 @@ def run(quick: bool = False) -> str:
               f"{two['frames_per_s'] / one['frames_per_s']:.2f}x (allreduce), "
               f"{twom['frames_per_s'] / one['frames_per_s']:.2f}x (master). The exchange "
               "column includes waiting for the slower rank (the straggler gap).", ""]
+    lines += reference_rows(work, rounds, quick)
 
     # 2. bytes on the wire, exchange time
     steps = 5 if quick else 20
@@ -412,6 +413,36 @@ def run(quick: bool = False) -> str:
     lines.append("")
     shutil.rmtree(work, ignore_errors=True)
     return "\n".join(lines)
+
+
+def reference_rows(work: Path, rounds: int, quick: bool) -> list[str]:
+    """1 rank vs 2 ranks (allreduce) on the reference model (3x256 BLSTM, 40 inputs, 31
+    classes, batch_frames 12000, speech-like lengths), interleaved, best of ``rounds``."""
+    from bench import workloads as wl
+    n_seqs = 60 if quick else 160
+    data = wl.reference_data(work, n_seqs)
+    cfg = wl.reference_config(work, data)
+    ov = ("train.epochs=2", "train.threads=1", "train.intra_threads=1", "train.log_every=3")
+    best: dict[int, dict] = {}
+    for k in range(rounds):
+        for n in (1, 2):
+            m = _train(n, cfg, work / f"ref{n}_{k}", *ov)
+            if n not in best or m["frames_per_s"] > best[n]["frames_per_s"]:
+                best[n] = m
+    one, two = best[1], best[2]
+    out = ["Reference model (3x256 BLSTM, 40 inputs, 31 classes; `train.batch_frames = "
+           f"12000`, {n_seqs} sequences of speech-like lengths, two epochs, windows of 3 "
+           "steps after the first), the same way:", "",
+           "| run | frames/s | speed-up | step s | compute s | exchange s (incl. wait) "
+           "| update s | straggler gap s |", "|---|---|---|---|---|---|---|---|"]
+    for name, m in (("1 rank", one), ("2 ranks, allreduce", two)):
+        out.append(f"| {name} | {m['frames_per_s']:.0f} | "
+                   f"{m['frames_per_s'] / one['frames_per_s']:.2f}x | {m['step_s']:.3f} | "
+                   f"{m['compute_s']:.3f} | {m['comm_s']:.4f} | {m['update_s']:.4f} | "
+                   f"{m['straggler_gap_s']:.4f} |")
+    out += ["", f"Goal: >= 1.9x with 2 ranks. Measured "
+            f"{two['frames_per_s'] / one['frames_per_s']:.2f}x on the reference model.", ""]
+    return out
 
 
 def _main(argv: list[str]):

@@ -234,3 +234,32 @@ def test_auto_strategy_and_unknown_names():
                                         "sharded, random"):
         make_plan(one, keep, 9000, 1, 0, strategy="bogus")
     assert set(PLANNERS) == {"length", "sharded", "random"}
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 200), budget=st.integers(50, 4000), multiple=st.integers(1, 4),
+       seed=st.integers(0, 2**31))
+def test_group_by_length_cuts_to_a_multiple_of_the_ranks(n, budget, multiple, seed):
+    """Every sequence once, sorted; each batch within the budget (or one sequence over
+    it); every batch but the last holds a multiple of ``multiple`` sequences where that
+    many fit, and is cut back by fewer than ``multiple`` from the greedy cut; with
+    multiple=1 the batches are exactly the greedy ones."""
+    lengths = np.random.default_rng(seed).integers(1, 400, n)
+    ids = np.arange(n)
+    got = group_by_length(ids, lengths, budget, rng_for(seed, 1), multiple)
+    greedy = group_by_length(ids, lengths, budget, rng_for(seed, 1))
+    assert sorted(np.concatenate(got).tolist()) == list(range(n))
+    flat = np.concatenate(got)
+    assert (np.diff(lengths[flat]) >= 0).all()
+    for b in got:
+        assert len(b) == 1 or len(b) * lengths[b].max() <= budget
+    for b in got[:-1]:
+        # the greedy cut from this batch's start, brute force
+        fit = 1
+        while (flat.tolist().index(b[0]) + fit < n and
+               (fit + 1) * lengths[flat[flat.tolist().index(b[0]) + fit]] <= budget):
+            fit += 1
+        want = fit - fit % multiple if fit > multiple else fit
+        assert len(b) == want, (len(b), fit)
+    if multiple == 1:
+        assert [b.tolist() for b in got] == [b.tolist() for b in greedy]

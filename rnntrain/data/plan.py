@@ -87,21 +87,32 @@ def bucket_lengths(lengths: np.ndarray, per_octave: int) -> np.ndarray:
 
 
 def group_by_length(ids: np.ndarray, lengths: np.ndarray, batch_frames: int,
-                    rng: np.random.Generator | None = None) -> list[np.ndarray]:
+                    rng: np.random.Generator | None = None, multiple: int = 1
+                    ) -> list[np.ndarray]:
     """Sort ``ids`` by length and cut into batches with n × max_len ≤ batch_frames.
 
     Ties are broken randomly with ``rng`` so batch composition varies between epochs.
-    A sequence longer than the budget forms a batch of its own.
+    A sequence longer than the budget forms a batch of its own. ``multiple`` (the number
+    of ranks that share each batch): a batch is cut back to a multiple of it where at
+    least that many sequences fit, so that every rank gets as many sequences (the batch
+    after it starts earlier); the last batch keeps what is left. 1 cuts where the budget
+    ends.
     """
     if len(ids) == 0:
         return []
     key = rng.random(len(ids)) if rng is not None else np.arange(len(ids))
     order = ids[np.lexsort((key, lengths[ids]))]
     batches, start = [], 0
-    for i in range(1, len(order) + 1):
+    i = 1
+    while i <= len(order):
         if i == len(order) or (i + 1 - start) * lengths[order[i]] > batch_frames:
-            batches.append(order[start:i])
-            start = i
+            n = i - start
+            if i < len(order) and n > multiple:
+                n -= n % multiple  # rather than a rank with one sequence more
+            batches.append(order[start:start + n])
+            start += n
+            i = start
+        i += 1
     return batches
 
 
@@ -127,7 +138,8 @@ def plan_length(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
     for k in chunk_ids.tolist():
         ids = ds.chunks[k].seqs
         ids = ids[keep[ids]]
-        batches = group_by_length(ids, ds.lengths, batch_frames, rng if shuffle else None)
+        batches = group_by_length(ids, ds.lengths, batch_frames, rng if shuffle else None,
+                                  multiple=world)
         if shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         steps += [Batch(k, snake_share(b, ds.lengths, rank, world)) for b in batches]
