@@ -32,9 +32,9 @@ HERE = Path(__file__).resolve().parent
 SECTIONS = [
     ("accuracy", "Time to accuracy", 1800),
     ("plain_loop", "rnntrain vs a plain PyTorch loop", 310),
-    ("flops", "Useful-FLOP rate and memory", 130),
+    ("flops", "Useful-FLOP rate and memory", 240),
     ("kernels", "LSTM kernel experiments", 180),
-    ("threads", "Thread scaling", 80),
+    ("threads", "Thread scaling", 170),
     ("validation", "Validation and eval throughput", 150),
     ("ranks", "Rank scaling (MPI, torch.distributed)", 400),
     ("reader", "Reader throughput and data wait", 120),

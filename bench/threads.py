@@ -17,14 +17,19 @@ cost model fitted to measured single-task times (``scheduler.CostModel.fit``).
 """
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
 
 from rnntrain.compute import allocator
 
-allocator.configure("cache")  # as `rnntrain train` does, before torch starts threads
+# as `rnntrain train` does (train.allocator), before torch starts threads; run() repeats
+# the rows under the other policy in a child process
+ALLOCATOR = os.environ.get("RNNTRAIN_BENCH_ALLOCATOR", "cache")
+allocator.configure(ALLOCATOR)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
@@ -186,38 +191,79 @@ def _section(name, model, ds, batches, rounds, lines, py_edit: bool = False):
                   f"LER of these steps {fast['errors'] / max(fast['ref_labels'], 1):.2f} "
                   f"(an untrained model: hypothesis lengths, and so the DP's cost, differ from "
                   f"a trained one's).", ""]
+    return {f"{k[0]}x{k[1]}": best[k]["fps"] for k in SETTINGS}
 
 
-def run(quick: bool = False) -> str:
+def _sections(quick: bool, lines: list[str]) -> dict[str, dict[str, float]]:
+    """Both models' rows (markdown into ``lines``) → {model: {"1x1": frames/s, ...}}."""
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    lines = ["## Worker threads x intra-op threads (CPU)", "",
-             f"Real training steps (task split, forward, CTC, backward, fixed-order reduce, "
-             f"Adam) on {cores} cores, torch {torch.__version__}. Reproduce: "
-             f"`python -m bench.threads{' --quick' if quick else ''}`.", ""]
+    out = {}
     with tempfile.TemporaryDirectory() as tmp:
         # the default model on data like `python -m data_tools synth` writes for it
         path = os.path.join(tmp, "default.nc")
         write_synth(path, num_seqs=400 if quick else 1000, num_labels=20, input_size=20, seed=1)
         ds = Dataset.open(path)
         model = CTCModel(ds.input_size, ds.num_labels, layers=2, hidden=128)
-        _section("Default model (2x128 BLSTM, configs/default.toml)", model, ds,
-                 _batches(ds, "frames", 6 if quick else 20, rng), 1 if quick else 2, lines,
-                 py_edit=True)
+        out["default"] = _section("Default model (2x128 BLSTM, configs/default.toml)", model,
+                                  ds, _batches(ds, "frames", 6 if quick else 20, rng),
+                                  1 if quick else 2, lines, py_edit=True)
         # the reference model: 40 inputs, 30 labels, batches of 32 similar lengths
         path = os.path.join(tmp, "reference.nc")
         write_synth(path, num_seqs=400 if quick else 800, num_labels=30, input_size=40, seed=2,
                     mean_labels=12.0)
         ds = Dataset.open(path)
         model = CTCModel(ds.input_size, ds.num_labels, layers=3, hidden=256)
-        _section("Reference model (3x256 BLSTM, 40 inputs, 30 labels, batches of 32)", model,
-                 ds, _batches(ds, "count", 2 if quick else 5, rng), 1 if quick else 2, lines)
+        out["reference"] = _section("Reference model (3x256 BLSTM, 40 inputs, 30 labels, "
+                                    "batches of 32)", model, ds,
+                                    _batches(ds, "count", 2 if quick else 5, rng),
+                                    1 if quick else 2, lines)
+    return out
+
+
+def _other_allocator(quick: bool) -> tuple[str, dict] | None:
+    """The same rows under the other ``train.allocator`` policy, in a child process (the
+    policy is fixed once a process has started its threads)."""
+    other = "system" if ALLOCATOR == "cache" else "cache"
+    env = dict(os.environ, RNNTRAIN_BENCH_ALLOCATOR=other)
+    r = subprocess.run([sys.executable, "-m", "bench.threads", "--json"] +
+                       (["--quick"] if quick else []), capture_output=True, text=True,
+                       env=env, timeout=600)
+    if r.returncode != 0:
+        return None
+    return other, json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run(quick: bool = False) -> str:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    lines = ["## Worker threads x intra-op threads (CPU)", "",
+             f"Real training steps (task split, forward, CTC, backward, fixed-order reduce, "
+             f"Adam) on {cores} cores, torch {torch.__version__}, memory allocator policy "
+             f"`train.allocator = \"{ALLOCATOR}\"` (what `rnntrain train` uses by default). "
+             f"Reproduce: `python -m bench.threads{' --quick' if quick else ''}`.", ""]
+    mine = _sections(quick, lines)
     lines += ["`torch.set_num_threads` is process-wide in this torch (measured: a worker that "
               "set 1 runs 2 OpenMP threads once another thread sets 2), so the pool sets the "
               "intra-op count once for all workers.", ""]
+    theirs = _other_allocator(quick)
+    if theirs is not None:
+        other, rows = theirs
+        lines += ["### The same rows under each allocator policy", "",
+                  f"`{ALLOCATOR}` above; `{other}` measured right after in a child process "
+                  "(same batches, same weights, best of the same rounds). `cache` keeps freed "
+                  "memory in the process (rnntrain/compute/allocator.py), `system` is glibc's "
+                  "default.", "",
+                  "| model | policy | 1x1 | 1x2 | 2x1 | 2x1 / 1x1 |", "|---|---|---:|---:|---:|---:|"]
+        for model in mine:
+            for pol, r in ((ALLOCATOR, mine[model]), (other, rows[model])):
+                lines.append(f"| {model} | {pol} | {r['1x1']:,.0f} | {r['1x2']:,.0f} | "
+                             f"{r['2x1']:,.0f} | {r['2x1'] / r['1x1']:.2f} |")
+        lines.append("")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    print(run(quick="--quick" in sys.argv[1:]))
+    if "--json" in sys.argv[1:]:
+        print(json.dumps(_sections("--quick" in sys.argv[1:], [])))
+    else:
+        print(run(quick="--quick" in sys.argv[1:]))
