@@ -100,6 +100,10 @@ class TrainConfig:
     precision: Precision = "fp32"  # CUDA autocast (fp16 needs CUDA); CTC stays fp32
     round_lengths: int = non_negative(0)  # pad batches to a ladder of N lengths per doubling; 0 = off
     plan: PlanStrategy = "auto"  # epoch planner (rnntrain.data.plan): auto = sharded for manifests
+    # "length" plan: global batches hold a multiple of this many sequences where that many
+    # fit, so N ranks get equal shares; 0 = the number of ranks. 1 rank with N plans the
+    # batches of N ranks (the same weights as an N-rank run)
+    batch_multiple: int = non_negative(0)
     deterministic: bool = True   # CUDA: deterministic cuDNN kernels (CPU always is)
     max_bad_steps: int = positive(5)         # NaN/Inf steps in a row before the run stops
     patience: int = non_negative(0)  # stop after N validations without improvement; 0 = never

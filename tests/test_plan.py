@@ -148,6 +148,12 @@ def test_plan_properties(n, shards, per_chunk, budget, within, seed, drop):
     if drop:
         keep[::drop + 1] = False
     for world in [w for w in (1, 2, 3) if shards % w == 0]:
+        kept = [keep[[k for s, sh in enumerate(ds.shards) if s % world == r
+                      for c in sh for k in ds.chunks[c].seqs]].any() for r in range(world)]
+        if world > 1 and not all(kept):  # a rank with nothing to train: one clear error
+            with pytest.raises(UserError, match="shards hold no sequences"):
+                check_plans(ds, keep, world, budget, seed=seed)
+            continue
         check_plans(ds, keep, world, budget, seed=seed)
 
 
@@ -263,3 +269,29 @@ def test_group_by_length_cuts_to_a_multiple_of_the_ranks(n, budget, multiple, se
         assert len(b) == want, (len(b), fit)
     if multiple == 1:
         assert [b.tolist() for b in got] == [b.tolist() for b in greedy]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_length_plan_gives_ranks_equal_counts_and_one_rank_can_replay_it(world):
+    """The `length` planner on W ranks: at every step the ranks' shares are the batches of
+    one rank planned with batch_multiple = W (so one rank can reproduce the W-rank run),
+    and the counts differ only where fewer than W sequences fit or at a chunk's end."""
+    lengths = speech_lengths(900, seed=6)
+    ds = single(lengths, 60_000)
+    keep = np.ones(900, bool)
+    keep[::13] = False
+    ranks = [make_plan(ds, keep, 7000, 3, 2, r, world, strategy="length")
+             for r in range(world)]
+    one = make_plan(ds, keep, 7000, 3, 2, strategy="length", batch_multiple=world)
+    assert len(one) == len(ranks[0])
+    uneven = 0
+    for k, step in enumerate(one):
+        shares = [ranks[r][k] for r in range(world)]
+        assert sorted(s for sh in shares for s in sh.seqs) == sorted(step.seqs)
+        counts = {len(sh.seqs) for sh in shares}
+        uneven += len(counts) > 1
+        assert len(counts) == 1 or len(step.seqs) % world, k
+    assert uneven <= len(ds.chunks) + sum(len(s.seqs) < world for s in one)
+    # the greedy cut (batch_multiple 1) would have given some rank one sequence more often
+    greedy = make_plan(ds, keep, 7000, 3, 2, strategy="length", batch_multiple=1)
+    assert sum(len(s.seqs) % world != 0 for s in greedy) > uneven

@@ -107,13 +107,17 @@ def test_misuse_is_one_clean_error_not_n_trainings(tiny_config, tmp_path):
 
 @pytest.fixture(scope="module")
 def serial_weights(tiny_config, tmp_path_factory):
+    """One rank's weights with the global batches of n ranks (train.batch_multiple = n),
+    by n."""
     out = tmp_path_factory.mktemp("serial")
-    r, _ = launch(0, "tests/mpi_train.py", out, tiny_config, "serial=")
+    r, _ = launch(0, "tests/mpi_train.py", out, tiny_config, "serial2=train.batch_multiple=2",
+                  "serial3=train.batch_multiple=3")
     assert r.returncode == 0, r.stderr[-3000:]
-    return dict(np.load(out / "serial.npz"))
+    return {n: dict(np.load(out / f"serial{n}.npz")) for n in (2, 3)}
 
 
 def check_n_ranks(n, out, tiny_config, serial, runs, env=None):
+    serial = serial[n]
     r, _ = launch(n, "tests/mpi_train.py", out, tiny_config,
                   *(f"{name}={ov}" for name, ov in runs.items()), env=env)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -121,7 +125,9 @@ def check_n_ranks(n, out, tiny_config, serial, runs, env=None):
     for name, ov in runs.items():
         d = rel_diff(serial, w[name])
         if "wire" not in ov or "fp32" in ov:
-            assert d <= 1e-7, (name, d)
+            # the same batches summed in another order (n partial sums): rounding only
+            # (batches cut differently move the weights by orders of magnitude more)
+            assert d <= (1e-7 if n == 2 else 1e-6), (name, d)
         else:  # a 16-bit wire: close to the serial run, and master == allreduce exactly
             assert 0 < d <= 5e-3, (name, d)
     # start-up: rank 0's weights, Adam state and loop state reached every rank

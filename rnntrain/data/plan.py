@@ -11,7 +11,10 @@ Strategies (``PLANNERS``, chosen with ``train.plan`` or ``make_plan(strategy=...
 ``length``
     One file (or any dataset seen as one): per chunk, sequences sorted by length and cut
     into global batches under a padded-frame budget (``batch_frames`` counts padding:
-    n × longest ≤ budget); each batch is dealt over the ranks in snake order. On
+    n × longest ≤ budget), cut back to a multiple of ``batch_multiple`` sequences
+    where that many fit (default: W, so that every rank gets as many); each batch is
+    dealt over the ranks in snake order. One rank with ``batch_multiple = W`` plans
+    exactly the global batches of W ranks. On
     speech-like length spreads random batches waste about two thirds of the compute on
     padding.
 ``sharded``
@@ -127,9 +130,11 @@ def snake_share(batch: np.ndarray, lengths: np.ndarray, rank: int, world: int) -
 
 
 def plan_length(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
-                rank: int = 0, world: int = 1, shuffle: bool = True) -> list[Batch]:
+                rank: int = 0, world: int = 1, shuffle: bool = True,
+                multiple: int = 0) -> list[Batch]:
     """The ``length`` strategy (see the module doc): every rank forms the same global
-    batches, chunk by chunk, and takes its dealt share (``snake_share``)."""
+    batches, chunk by chunk, and takes its dealt share (``snake_share``). ``multiple``:
+    batches hold a multiple of it where that many fit (0: ``world``)."""
     rng = rng_for(seed, epoch)
     chunk_ids = np.arange(len(ds.chunks))
     if shuffle:
@@ -139,7 +144,7 @@ def plan_length(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
         ids = ds.chunks[k].seqs
         ids = ids[keep[ids]]
         batches = group_by_length(ids, ds.lengths, batch_frames, rng if shuffle else None,
-                                  multiple=world)
+                                  multiple=multiple or world)
         if shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         steps += [Batch(k, snake_share(b, ds.lengths, rank, world)) for b in batches]
@@ -325,18 +330,24 @@ def strategy_for(ds, strategy: str = "auto") -> str:
 
 def make_plan(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
               rank: int = 0, world: int = 1, shuffle: bool = True,
-              round_lengths: int = 0, strategy: str = "auto") -> list[Batch]:
+              round_lengths: int = 0, strategy: str = "auto",
+              batch_multiple: int = 0) -> list[Batch]:
     """The epoch's steps for ``rank`` of ``world``.
 
     ds: a Dataset (only lengths, chunks, shards and ``within`` are used); keep: (N,) bool
     mask of the sequences to train on (infeasible ones are False); strategy: a key of
     ``PLANNERS`` or "auto" (see the module doc). round_lengths > 0: the padded-frame budget
     counts each sequence at its ``bucket_length`` (the length the worker pads it to).
+    batch_multiple: the ``length`` planner's sequences-per-batch multiple (0: ``world``;
+    see ``plan_length``); the other planners give every rank equal counts by design.
     """
-    planner = PLANNERS[strategy_for(ds, strategy)]
+    name = strategy_for(ds, strategy)
     if round_lengths:
         ds = dataclasses.replace(ds, lengths=bucket_lengths(ds.lengths, round_lengths))
-    return planner(ds, keep, batch_frames, seed, epoch, rank, world, shuffle)
+    if name == "length":
+        return plan_length(ds, keep, batch_frames, seed, epoch, rank, world, shuffle,
+                           batch_multiple)
+    return PLANNERS[name](ds, keep, batch_frames, seed, epoch, rank, world, shuffle)
 
 
 def padding_ratio(steps: list[Batch], lengths: np.ndarray) -> float:
@@ -389,7 +400,7 @@ def remainder_note(ds, keep: np.ndarray, world: int, strategy: str = "auto",
 
 def resumed_plan(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
                  rank: int, world: int, parts: list, round_lengths: int = 0,
-                 strategy: str = "auto") -> list[Step]:
+                 strategy: str = "auto", batch_multiple: int = 0) -> list[Step]:
     """The rest of an epoch that was interrupted and resumed on other rank counts.
 
     parts: [(world_k, pos_k), ...] in order: segment k of the epoch ran the plan of
@@ -404,8 +415,10 @@ def resumed_plan(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
         consumed = []
         for r in range(int(w)):
             for st in make_plan(ds, left, batch_frames, seed, epoch, r, int(w),
-                                round_lengths=round_lengths, strategy=strategy)[:int(pos)]:
+                                round_lengths=round_lengths, strategy=strategy,
+                                batch_multiple=batch_multiple)[:int(pos)]:
                 consumed.extend(st.seqs)
         left[np.asarray(consumed, dtype=np.int64)] = False
     return make_plan(ds, left, batch_frames, seed, epoch, rank, world,
-                     round_lengths=round_lengths, strategy=strategy)
+                     round_lengths=round_lengths, strategy=strategy,
+                     batch_multiple=batch_multiple)

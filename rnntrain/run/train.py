@@ -129,7 +129,8 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
     model.to(device).train()
     opt = build_optimizer(cfg.optim, model.parameters(), fused=device.type == "cuda")
     plan_for = partial(make_plan, train_ds, keep, tc.batch_frames, tc.seed, rank=rank,
-                       world=comm.size, round_lengths=tc.round_lengths, strategy=tc.plan)
+                       world=comm.size, round_lengths=tc.round_lengths, strategy=tc.plan,
+                       batch_multiple=tc.batch_multiple)
     steps_per_epoch = len(plan_for(0))
     collectives.agree(comm, steps_per_epoch, "steps per epoch")
     if note := remainder_note(train_ds, keep, comm.size, tc.plan, tc.batch_frames, tc.seed):
@@ -166,7 +167,7 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
             # an epoch interrupted on another rank count goes on over the sequences left
             plan = plan_for(epoch) if not state.parts else resumed_plan(
                 train_ds, keep, tc.batch_frames, tc.seed, epoch, rank, comm.size,
-                state.parts, tc.round_lengths, tc.plan)
+                state.parts, tc.round_lengths, tc.plan, tc.batch_multiple)
             feed = EpochFeed(train_ds, plan, epoch, state.pos, state.step)
             bar = tqdm(total=len(plan), initial=state.pos, desc=f"epoch {epoch + 1}/{tc.epochs}",
                        unit="step", disable=rank != 0 or not log.bar, dynamic_ncols=True,
