@@ -47,11 +47,14 @@ for size, label in ((1, "flag"), (n, "grad")):
 """
 
 
-class _DS:
-    """The two fields of a Dataset that a checkpoint records."""
-    labels = [f"L{i}" for i in range(LABELS)]
-    input_size = INPUTS
-    source = "bench"
+def _dataset():
+    """A real (small) dataset of the benchmark model's shape: what a checkpoint records
+    from it (labels, input size, frame geometry) comes from the reader itself."""
+    from data_tools.synth import write_synth
+    from rnntrain.data.dataset import Dataset
+    path = Path(tempfile.mkdtemp(prefix="rnntrain-bench-ckpt-data-")) / "d.nc"
+    write_synth(str(path), num_seqs=4, num_labels=LABELS, input_size=INPUTS, seed=1)
+    return Dataset.open(str(path))
 
 
 def _model_and_optimizer():
@@ -74,6 +77,7 @@ def measure_files(reps: int) -> dict:
     from rnntrain.run import checkpoint as ckpt
     from rnntrain.config import to_dict
     cfg, model, opt = _model_and_optimizer()
+    ds = _dataset()
     state = {"epoch": 0, "pos": 5, "step": 5, "best_ler": 1.0, "since_best": 0}
     run_dir = Path(tempfile.mkdtemp(prefix="rnntrain-bench-ckpt-"))
     folder = run_dir / "checkpoints"
@@ -83,7 +87,7 @@ def measure_files(reps: int) -> dict:
         for i in range(reps):
             state["step"] = i + 1
             t0 = time.perf_counter()
-            ckpt.save_training(folder, f"step-{i + 1:08d}.pt", cfg, model, opt, state, _DS,
+            ckpt.save_training(folder, f"step-{i + 1:08d}.pt", cfg, model, opt, state, ds,
                                keep_last=3)
             writes.append(time.perf_counter() - t0)
         newest = ckpt.step_checkpoints(folder)[-1]
@@ -93,7 +97,7 @@ def measure_files(reps: int) -> dict:
             ckpt.load(newest)
             loads.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        ck = ckpt.load_for_resume("auto", run_dir, _DS, model, opt, to_dict(cfg)["model"])
+        ck = ckpt.load_for_resume("auto", run_dir, ds, model, opt, to_dict(cfg)["model"])
         choose = time.perf_counter() - t0
         assert ck["state"]["step"] == reps
         return {"params": sum(p.numel() for p in model.parameters()),
