@@ -11,6 +11,14 @@ reference model a third of a core went to the kernel (docs/threads.md, "The allo
 after the first steps the process reuses its own pages. The price is a higher resident
 peak, since freed blocks of one shape cannot always serve the next shape. ``system``
 leaves glibc's defaults. Elsewhere than glibc (musl, macOS) both are the same.
+
+``trim`` hands the heap's free pages back to the kernel (``malloc_trim``). The loop calls
+it when an epoch moves from one data chunk to the next: freed blocks that no later shape
+fits would otherwise pile up over a long epoch, and the resident peak would grow with the
+dataset (``bench reader``: +17 % for 10x the data without it, +0.2 % with it). A chunk
+holds many steps (2M frames by default), so the pages the next step faults in again once
+cost little; an epoch start is not a switch (one-chunk data would fault its whole working
+set in again every epoch).
 """
 from __future__ import annotations
 
@@ -31,6 +39,15 @@ def _libc():
     except (OSError, AttributeError):
         return None
     return libc
+
+
+def trim() -> bool:
+    """Return the heap's free pages to the kernel, under ``cache`` only (glibc's own
+    policy already does under ``system``). True when something was released."""
+    if _applied != "cache":
+        return False
+    libc = _libc()
+    return bool(libc is not None and libc.malloc_trim(0))
 
 
 def configure(mode: Literal["cache", "system"]) -> bool:

@@ -24,6 +24,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from rnntrain.compute import allocator
 from rnntrain.compute.device import Fence, LossScaler, worker_start
 from rnntrain.compute.optim import lr_factor, set_lr
 from rnntrain.compute.pool import BatchTiming, Task, WorkerPool, split_tasks
@@ -66,6 +67,8 @@ class EpochFeed:
             t0 = time.perf_counter()
             if batch.chunk != chunk:
                 payload = None  # drop the old chunk: at most two are resident
+                if chunk is not None:  # a switch inside the epoch (single-chunk data: never)
+                    allocator.trim()  # what the steps on it left free (train.allocator)
                 chunk, payload = self.reader.next()
                 assert chunk == batch.chunk, "reader out of plan order"
             upcoming = self.plan[i + 1].seqs if i + 1 < len(self.plan) else None
