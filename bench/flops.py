@@ -30,8 +30,8 @@ SHAPES = ((2, 1500), (5, 600), (10, 300), (20, 300))  # (N, T): one task of 3000
 
 
 def timed_fps(result: dict) -> float:
-    """Real frames/s of the timed epochs (all but the first: it builds oneDNN's kernels
-    and fills the allocator), each epoch weighted by its frames."""
+    """Real frames/s of the timed epochs: the mean over all but the first (it builds
+    oneDNN's kernels and fills the allocator); every epoch trains the same frames."""
     recs = result["records"][1:] or result["records"]
     return sum(r["frames_per_s"] for r in recs) / len(recs)
 

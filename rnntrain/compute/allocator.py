@@ -2,20 +2,21 @@
 
 A training step allocates and frees the same large tensors every time (the LSTM's gate
 workspace, the CTC lattices, activations). glibc hands blocks over its mmap threshold
-straight back to the kernel on ``free`` and the per-thread arenas trim their tops, so
+straight back to the kernel on ``free`` and unmaps a worker arena's heap once it is empty, so
 every step faults all of that memory in again, one zeroed 4 KiB page at a time: on the
 reference model a third of a core went to the kernel (docs/threads.md, "The allocator").
 
-``cache`` tells glibc, before the workers start, to serve every block from one heap
-(``M_MMAP_MAX`` 0, ``M_ARENA_MAX`` 1) and to keep what is freed (``M_TRIM_THRESHOLD``):
-after the first steps the process reuses its own pages. The price is a higher resident
+``cache`` tells glibc, before the workers start, to serve every thread from one arena
+(``M_ARENA_MAX`` 1: a worker's heap is never unmapped), blocks up to 32 MiB from it
+(``M_MMAP_THRESHOLD``) and to keep what is freed (``M_TRIM_THRESHOLD``): after the first
+steps the process reuses its own pages. The price is a higher resident
 peak, since freed blocks of one shape cannot always serve the next shape. ``system``
 leaves glibc's defaults. Elsewhere than glibc (musl, macOS) both are the same.
 
 ``trim`` hands the heap's free pages back to the kernel (``malloc_trim``). The loop calls
 it when an epoch moves from one data chunk to the next: freed blocks that no later shape
 fits would otherwise pile up over a long epoch, and the resident peak would grow with the
-dataset (``bench reader``: +17 % for 10x the data without it, +0.2 % with it). A chunk
+dataset (``bench reader``: +17 % for 10x the data without it, +4 to +6 % with it). A chunk
 holds many steps (2M frames by default), so the pages the next step faults in again once
 cost little; an epoch start is not a switch (one-chunk data would fault its whole working
 set in again every epoch).
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 from typing import Literal
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
@@ -31,7 +33,9 @@ MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc refuses more (HEAP_MAX_SIZE / 2 on 64-b
 _applied: str | None = None
 
 
+@functools.cache
 def _libc():
+    """glibc, or None elsewhere."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.mallopt  # noqa: B018 (glibc only)
@@ -55,8 +59,10 @@ def configure(mode: Literal["cache", "system"]) -> bool:
     arena limit only holds for threads that have not allocated yet). Returns True when
     the policy took effect (glibc), False otherwise. Idempotent."""
     global _applied
-    if mode == "system" or _applied == mode:
-        return _applied == mode
+    if mode == "system":
+        return False
+    if _applied == mode:
+        return True
     libc = _libc()
     if libc is None:
         return False
