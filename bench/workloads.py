@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # The reference model of issue 8: 3-layer BLSTM, 256 per direction, 40 inputs, 30 labels.
 REF_INPUTS, REF_LABELS, REF_LAYERS, REF_HIDDEN = 40, 30, 3, 256
+REF_BATCH_FRAMES, REF_SEED = 12000, 1  # the reference config's train.batch_frames, train.seed
 
 
 def workdir() -> Path:
@@ -107,13 +108,13 @@ def write_toml(path: Path, table: dict) -> Path:
 
 
 def reference_config(folder: Path, train: Path, cell: str = "lstm",
-                     batch_frames: int = 12000) -> Path:
+                     batch_frames: int = REF_BATCH_FRAMES) -> Path:
     return write_toml(folder / f"ref_{cell}.toml", {
         "data": {"train": str(train)},
         "model": {"layers": REF_LAYERS, "hidden": REF_HIDDEN, "bidirectional": True,
                   "cell": cell},
         "optim": {"name": "adam", "lr": 1e-3, "clip_norm": 5.0},
-        "train": {"epochs": 1, "batch_frames": batch_frames, "seed": 1},
+        "train": {"epochs": 1, "batch_frames": batch_frames, "seed": REF_SEED},
     })
 
 

@@ -7,11 +7,14 @@ every step faults all of that memory in again, one zeroed 4 KiB page at a time: 
 reference model a third of a core went to the kernel (docs/threads.md, "The allocator").
 
 ``cache`` tells glibc, before the workers start, to serve every thread from one arena
-(``M_ARENA_MAX`` 1: a worker's heap is never unmapped), blocks up to 32 MiB from it
-(``M_MMAP_THRESHOLD``) and to keep what is freed (``M_TRIM_THRESHOLD``): after the first
-steps the process reuses its own pages. The price is a higher resident
-peak, since freed blocks of one shape cannot always serve the next shape. ``system``
-leaves glibc's defaults. Elsewhere than glibc (musl, macOS) both are the same.
+(``M_ARENA_MAX`` 1: a worker's heap is never unmapped), every block from it, however large
+(``M_MMAP_MAX`` 0: glibc caps its mmap threshold at 32 MiB, and a step of the reference
+model allocates larger blocks: mapped fresh each time, they cost it 60,000 page faults per
+task) and to keep
+what is freed (``M_TRIM_THRESHOLD``): after the first steps the process reuses its own
+pages. The price is a higher resident peak, since freed blocks of one shape cannot always
+serve the next shape. ``system`` leaves glibc's defaults. Elsewhere than glibc (musl,
+macOS) both are the same.
 
 ``trim`` hands the heap's free pages back to the kernel (``malloc_trim``). The loop calls
 it when an epoch moves from one data chunk to the next: freed blocks that no later shape
@@ -28,8 +31,7 @@ import ctypes.util
 import functools
 from typing import Literal
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
-MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc refuses more (HEAP_MAX_SIZE / 2 on 64-bit)
+M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8
 _applied: str | None = None
 
 
@@ -67,6 +69,6 @@ def configure(mode: Literal["cache", "system"]) -> bool:
     if libc is None:
         return False
     ok = all(libc.mallopt(p, v) == 1 for p, v in (
-        (M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX), (M_ARENA_MAX, 1), (M_TRIM_THRESHOLD, 2**31 - 1)))
+        (M_MMAP_MAX, 0), (M_ARENA_MAX, 1), (M_TRIM_THRESHOLD, 2**31 - 1)))
     _applied = mode if ok else None
     return ok
