@@ -67,9 +67,10 @@ def train_cli(args: list[str]) -> tuple[int, float]:
 
 def rss_section(work: Path, quick: bool) -> list[str]:
     small_mb = 120 if quick else 200
-    # 800 bytes per frame, 40 MB chunks. Chunks of 32 MB and more are always mmap'ed by
-    # glibc and returned to the OS when released; smaller ones come from the heap, where
-    # glibc's adaptive mmap threshold lets fragmentation add a few chunks to the peak.
+    # 800 bytes per frame, 40 MB chunks. Under train.allocator = "system" chunks of 32 MB
+    # and more are mmap'ed by glibc and returned to the OS when released; under "cache"
+    # (the default) every chunk comes from the one heap, and the loop's trim at each chunk
+    # switch (allocator.trim) hands the freed ones back.
     features, chunk_frames = 200, 50_000
     frames = small_mb * 1_000_000 // (4 * features)
     small = write_random(work / "small.nc", frames, features, 1)

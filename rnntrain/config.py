@@ -111,7 +111,8 @@ class TrainConfig:
     val_every_epochs: int = positive(1)
     # "cache": freed memory stays in the process for the next step's tensors (no page
     # faults after the first steps; a higher resident peak); "system": glibc's defaults,
-    # large blocks go back to the kernel at once (rnntrain.compute.allocator)
+    # large blocks go back to the kernel at once (rnntrain.compute.allocator). `rnntrain
+    # eval` and `decode` apply the checkpoint's policy too
     allocator: Allocator = "cache"
 
 

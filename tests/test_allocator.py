@@ -74,6 +74,17 @@ def test_allocator_changes_no_weight(synth_pair, tmp_path):
     assert digests["system"].keys() == digests["cache"].keys()
     for k in digests["system"]:
         assert torch.equal(digests["system"][k], digests["cache"][k]), k
+    # eval and decode load the checkpoint under its run's policy (before their threads)
+    code = ("import sys\nfrom rnntrain.cli import _load_for_eval\n"
+            "from rnntrain.compute import allocator\n"
+            "_load_for_eval(sys.argv[1], sys.argv[2], 'cpu')\nprint(allocator._applied)")
+    for mode, want in (("system", "None"), ("cache", "cache")):
+        p = subprocess.run([sys.executable, "-c", code, str(tmp_path / mode), str(val)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120,
+                           env={"PYTHONPATH": str(ROOT), "PATH": ""})
+        assert p.returncode == 0, p.stderr[-2000:]
+        applied = p.stdout.split()[-1]
+        assert applied == (want if allocator._libc() is not None else "None"), (mode, applied)
 
 
 TRIM = """
