@@ -9,17 +9,17 @@ reference model a third of a core went to the kernel (docs/threads.md, "The allo
 ``cache`` tells glibc, before the workers start, to serve every thread from one arena
 (``M_ARENA_MAX`` 1: a worker's heap is never unmapped), every block from it, however large
 (``M_MMAP_MAX`` 0: glibc caps its mmap threshold at 32 MiB, and a step of the reference
-model allocates larger blocks: mapped fresh each time, they cost it 60,000 page faults per
-task) and to keep
-what is freed (``M_TRIM_THRESHOLD``): after the first steps the process reuses its own
-pages. The price is a higher resident peak, since freed blocks of one shape cannot always
-serve the next shape. ``system`` leaves glibc's defaults. Elsewhere than glibc (musl,
-macOS) both are the same.
+model allocates larger blocks: mapped fresh each time, they cost it 60,000-90,000 page
+faults per task) and to keep what is freed (``M_TRIM_THRESHOLD``): after the first steps
+the process reuses its own pages. The price is a higher resident peak, since freed
+blocks of one shape cannot always serve the next shape. ``system`` leaves glibc's
+defaults. Elsewhere than glibc (musl, macOS) both are the same. ``rnntrain eval`` and
+``decode`` apply the checkpoint's policy as well.
 
 ``trim`` hands the heap's free pages back to the kernel (``malloc_trim``). The loop calls
 it when an epoch moves from one data chunk to the next: freed blocks that no later shape
 fits would otherwise pile up over a long epoch, and the resident peak would grow with the
-dataset (``bench reader``: +17 % for 10x the data without it, +4 to +6 % with it). A chunk
+dataset (``bench reader``: +17 % for 10x the data without it, -1 to +7 % with it). A chunk
 holds many steps (2M frames by default), so the pages the next step faults in again once
 cost little; an epoch start is not a switch (one-chunk data would fault its whole working
 set in again every epoch).
