@@ -84,13 +84,14 @@ def kernel_gflops(precision: str, n: int = 20, t: int = 300, reps: int = 3) -> f
         torch.set_num_threads(old)
 
 
-def same_tasks_gflops(data: "os.PathLike", precision: str, workers: int, epoch: int = 1,
-                      max_batches: int | None = None) -> dict:
+def same_tasks_gflops(data: "os.PathLike", precision: str, workers: int, epoch: int = 1
+                      ) -> dict:
     """The loop's own tasks, run alone: epoch ``epoch`` of the reference config's plan (as
     ``rnntrain train`` plans it for one rank), each batch split into tasks exactly as the
     step splits it for ``workers`` workers (``split_tasks``, the precision's cost model,
-    ``train.tasks_per_worker`` = 2), every task computed by the training ``TaskComputer``
-    on one thread, one after the other, with no pool, reduce or update around it.
+    ``train.tasks_per_worker``'s default), every task computed by the training
+    ``TaskComputer`` on one thread, one after the other, with no pool, reduce or update
+    around it.
     → useful GFLOP/s over the real frames, tasks, batches, mean sequences per task, and
     the balance: the busy time over ``workers`` x the batches' makespans when these task
     times are dealt to the workers in queue order (as the pool does), i.e. what the
@@ -99,6 +100,7 @@ def same_tasks_gflops(data: "os.PathLike", precision: str, workers: int, epoch: 
     from rnntrain.compute.model import CTCModel, training_flops_per_frame
     from rnntrain.compute.pool import Task, split_tasks
     from rnntrain.compute.tasks import TaskComputer, cost_model_for
+    from rnntrain.config import TrainConfig
     from rnntrain.data.dataset import Dataset
     from rnntrain.data.plan import make_plan
     old = torch.get_num_threads()
@@ -110,8 +112,9 @@ def same_tasks_gflops(data: "os.PathLike", precision: str, workers: int, epoch: 
         model.train()
         comp = TaskComputer(model, torch.device("cpu"), precision=precision)
         cost = cost_model_for(model, precision)
-        keep = np.ones(ds.num_seqs, bool)
-        plan = make_plan(ds, keep, wl.REF_BATCH_FRAMES, wl.REF_SEED, epoch)[:max_batches]
+        per_worker = TrainConfig().tasks_per_worker  # the reference config leaves it at that
+        keep = ds.feasible()  # as training keeps them (no subsampling here)
+        plan = make_plan(ds, keep, wl.REF_BATCH_FRAMES, wl.REF_SEED, epoch)
         payload = {c: ds.load_chunk(c) for c in sorted({b.chunk for b in plan})}
         first = plan[0].seqs[:1]  # warm-up, untimed: thread-local state, first kernels
         comp.begin_step(1, (wl.REF_SEED, epoch, -1), True)
@@ -120,11 +123,12 @@ def same_tasks_gflops(data: "os.PathLike", precision: str, workers: int, epoch: 
         busy = makespan = 0.0
         frames, sizes = 0, []
         for i, b in enumerate(plan):
-            groups = split_tasks(b.seqs, ds.lengths, workers * 2, cost, workers)
+            groups = split_tasks(b.seqs, ds.lengths, workers * per_worker, cost, workers)
             comp.begin_step(len(groups), (wl.REF_SEED, epoch, i), True)
             free = [0.0] * workers  # the pool's queue: each task to the first free worker
             for j, g in enumerate(groups):
-                task = Task(j, g, ([payload[b.chunk][s] for s in g], [ds.targets[s] for s in g]))
+                task = Task(j, g, ([payload[b.chunk][s] for s in g],
+                                   [ds.targets[s] for s in g]))
                 t0 = time.perf_counter()
                 comp(0, task)
                 dt = time.perf_counter() - t0

@@ -123,3 +123,19 @@ def test_threads_bench_python_edit_distance_counts_what_the_step_counts():
         targets = [rng.integers(0, 5, size=int(k)) for k in rng.integers(1, 30, size=n)]
         assert python_label_errors(best, lengths, targets, 5) == \
             task_label_errors(best, lengths, targets, 5)
+
+
+def test_flops_same_tasks_replay_trains_every_planned_sequence_once(tmp_path):
+    """bench flops' yardstick (the loop's own tasks run alone) covers exactly the epoch's
+    plan: every batch, every kept sequence once, and a balance that is a share."""
+    from bench import flops, workloads as wl
+    from rnntrain.data.dataset import Dataset
+    from rnntrain.data.plan import make_plan
+    path = wl.reference_data(tmp_path, 10)
+    ds = Dataset.open(str(path))
+    plan = make_plan(ds, ds.feasible(), wl.REF_BATCH_FRAMES, wl.REF_SEED, 1)
+    r = flops.same_tasks_gflops(path, "fp32", 2)
+    assert r["batches"] == len(plan)
+    assert round(r["tasks"] * r["seqs_per_task"]) == sum(len(b.seqs) for b in plan) == \
+        int(ds.feasible().sum())
+    assert 0.5 <= r["balance"] <= 1.0 and r["gflops"] > 0
