@@ -118,3 +118,23 @@ def test_skipped_and_beam_counts(setup):
     assert b.sub + b.dels + b.ins == sum(sum(edit_ops_reference(r, h))
                                          for r, h in zip(refs, want))
     assert (b.loss_sum, b.frames, b.skipped) == (best.loss_sum, best.frames, 2)
+
+
+def test_a_small_set_is_cut_into_enough_batches_and_counts_the_same(setup):
+    """A set that would make a few batches of the budget is cut into at least
+    EVAL_MIN_BATCHES (so no worker idles through the last one), and every count is still
+    the serial computation's."""
+    from rnntrain.run.evaluate import EVAL_BATCH_SCALE, EVAL_MIN_BATCHES
+    path, model, serial = setup
+    ds = Dataset.open(str(path))
+    keep = np.ones(ds.num_seqs, bool)
+    total = int(ds.lengths.sum())
+    batch_frames = total // (2 * EVAL_BATCH_SCALE)   # the budget: 4 batches' worth, or 5
+    seen = []
+    c = evaluate(model, ds, keep, batch_frames, torch.device("cpu"), workers=2,
+                 on_log_probs=lambda s, lp, n: seen.append(len(s)))["best"]
+    assert len(seen) >= EVAL_MIN_BATCHES and sum(seen) == ds.num_seqs
+    want = _expected(ds, serial)
+    assert (c.sub, c.dels, c.ins, c.ref_labels, c.seq_errors) == \
+        (want["sub"], want["dels"], want["ins"], want["ref"], want["errs"])
+    assert c.loss_sum == pytest.approx(want["loss"], rel=1e-5)

@@ -2,7 +2,8 @@
 
 Used for validation during training and by ``rnntrain eval`` / ``rnntrain decode`` /
 ``rnntrain tune-decoder``. Forward only (``torch.inference_mode``), in batches of
-``EVAL_BATCH_SCALE`` x the training batch's padded frames, on the worker pool: each worker
+``EVAL_BATCH_SCALE`` x the training batch's padded frames (fewer for a small set:
+``eval_batch_frames``), on the worker pool: each worker
 takes a whole batch (forward, CTC loss, best path, edit distances, beam search) with one
 intra-op thread, so one worker's decoding and scoring overlap the other's forward. The
 per-batch counts are merged in plan order, so the result does not depend on the timing.
@@ -31,6 +32,22 @@ from rnntrain.parallel.collectives import sum_over_ranks
 # layer's gates and states for the backward: with two workers each running a batch this
 # large the activations stay below one training step's (docs/threads.md, "Validation").
 EVAL_BATCH_SCALE = 2
+# ... but a small set is cut into at least this many batches (each no smaller than a
+# quarter of that budget nor the longest sequence): 200 validation sequences of the
+# reference workload made 4 batches for 2 workers, so a worker sat idle while the other
+# finished the last one (docs/threads.md, "Validation"). A constant, not the worker count:
+# every MPI rank must plan the same batches.
+EVAL_MIN_BATCHES = 8
+
+
+def eval_batch_frames(lengths: np.ndarray, budget: int) -> int:
+    """Padded frames per evaluation batch for sequences of ``lengths`` (those scored, all
+    ranks'): ``budget``, or less for a set too small for ``EVAL_MIN_BATCHES`` batches of
+    it, never below ``budget // 4`` (per-batch costs) nor the longest sequence."""
+    if not len(lengths):
+        return budget
+    share = int(lengths.sum()) // EVAL_MIN_BATCHES
+    return max(min(budget, share), budget // 4, int(lengths.max()))
 
 
 @dataclass
@@ -106,7 +123,8 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
     (decoding: targets absent or not needed) skips the CTC loss.
 
     ``workers`` threads (0: this rank's cores, see ``eval_workers``) each score whole
-    batches of ``batch_scale`` x ``batch_frames`` padded frames with ``intra`` intra-op
+    batches of ``batch_scale`` x ``batch_frames`` padded frames (``eval_batch_frames``:
+    less for a small set) with ``intra`` intra-op
     threads; ``threads``: the decoder's threads when one worker decodes alone.
     """
     rank, world = (comm.rank, comm.size) if comm is not None else (0, 1)
@@ -120,8 +138,8 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
     if decoder is not None:
         counts["beam"] = ErrorCounts()
     counts["best"].skipped = int((~keep).sum()) if rank == 0 else 0
-    steps = make_plan(ds, keep, batch_frames * batch_scale, seed=0, epoch=0, rank=rank,
-                      world=world, shuffle=False)
+    steps = make_plan(ds, keep, eval_batch_frames(ds.lengths[keep], batch_frames * batch_scale),
+                      seed=0, epoch=0, rank=rank, world=world, shuffle=False)
     by_chunk: dict[int, list] = {}
     for s in steps:
         if s.seqs:  # a rank's share of a small batch may be empty
