@@ -30,12 +30,12 @@ from rnntrain.parallel.collectives import sum_over_ranks
 # no autograd graph and no per-task gradient buffer is kept, so a forward pass over a
 # batch holds a few layers' outputs (T x N x 2H floats) where training holds every
 # layer's gates and states for the backward: with two workers each running a batch this
-# large the activations stay below one training step's (docs/threads.md, "Validation").
+# large the activations stay below one training step's (docs/threads.md, "Validation and eval").
 EVAL_BATCH_SCALE = 2
 # ... but a small set is cut into at least this many batches (each no smaller than a
 # quarter of that budget nor the longest sequence): 200 validation sequences of the
 # reference workload made 4 batches for 2 workers, so a worker sat idle while the other
-# finished the last one (docs/threads.md, "Validation"). A constant, not the worker count:
+# finished the last one (docs/threads.md, "Validation and eval"). A constant, not the worker count:
 # every MPI rank must plan the same batches.
 EVAL_MIN_BATCHES = 8
 
