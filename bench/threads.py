@@ -221,16 +221,17 @@ def _sections(quick: bool, lines: list[str]) -> dict[str, dict[str, float]]:
     return out
 
 
-def _other_allocator(quick: bool) -> tuple[str, dict] | None:
+def _other_allocator(quick: bool) -> tuple[str, dict | str]:
     """The same rows under the other ``train.allocator`` policy, in a child process (the
-    policy is fixed once a process has started its threads)."""
+    policy is fixed once a process has started its threads) → (policy, rows), or
+    (policy, the child's error) when it failed."""
     other = "system" if ALLOCATOR == "cache" else "cache"
     env = dict(os.environ, RNNTRAIN_BENCH_ALLOCATOR=other)
     r = subprocess.run([sys.executable, "-m", "bench.threads", "--json"] +
                        (["--quick"] if quick else []), capture_output=True, text=True,
                        env=env, timeout=600)
     if r.returncode != 0:
-        return None
+        return other, (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
     return other, json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -245,15 +246,18 @@ def run(quick: bool = False) -> str:
     lines += ["`torch.set_num_threads` is process-wide in this torch (measured: a worker that "
               "set 1 runs 2 OpenMP threads once another thread sets 2), so the pool sets the "
               "intra-op count once for all workers.", ""]
-    theirs = _other_allocator(quick)
-    if theirs is not None:
-        other, rows = theirs
+    other, rows = _other_allocator(quick)
+    if isinstance(rows, str):
+        lines += [f"The rows under `train.allocator = \"{other}\"` were not measured: its "
+                  f"child process failed ({rows}).", ""]
+    else:
         lines += ["### The same rows under each allocator policy", "",
                   f"`{ALLOCATOR}` above; `{other}` measured right after in a child process "
                   "(same batches, same weights, best of the same rounds). `cache` keeps freed "
                   "memory in the process (rnntrain/compute/allocator.py), `system` is glibc's "
                   "default.", "",
-                  "| model | policy | 1x1 | 1x2 | 2x1 | 2x1 / 1x1 |", "|---|---|---:|---:|---:|---:|"]
+                  "| model | policy | 1x1 | 1x2 | 2x1 | 2x1 / 1x1 |",
+                  "|---|---|---:|---:|---:|---:|"]
         for model in mine:
             for pol, r in ((ALLOCATOR, mine[model]), (other, rows[model])):
                 lines.append(f"| {model} | {pol} | {r['1x1']:,.0f} | {r['1x2']:,.0f} | "

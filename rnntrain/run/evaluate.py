@@ -3,11 +3,11 @@
 Used for validation during training and by ``rnntrain eval`` / ``rnntrain decode`` /
 ``rnntrain tune-decoder``. Forward only (``torch.inference_mode``), in batches of
 ``EVAL_BATCH_SCALE`` x the training batch's padded frames (fewer for a small set:
-``eval_batch_frames``), on the worker pool: each worker
-takes a whole batch (forward, CTC loss, best path, edit distances, beam search) with one
-intra-op thread, so one worker's decoding and scoring overlap the other's forward. The
-per-batch counts are merged in plan order, so the result does not depend on the timing.
-Under MPI each rank evaluates its dealt share of every batch and the counts are summed.
+``eval_batch_frames``), on the worker pool: each worker takes a whole batch (forward, CTC
+loss, best path, edit distances, beam search) with one intra-op thread, so one worker's
+decoding and scoring overlap the other's forward. The per-batch counts are merged in plan
+order, so the result does not depend on the timing. Under MPI each rank evaluates its
+dealt share of every batch and the counts are summed.
 """
 from __future__ import annotations
 
@@ -30,13 +30,14 @@ from rnntrain.parallel.collectives import sum_over_ranks
 # no autograd graph and no per-task gradient buffer is kept, so a forward pass over a
 # batch holds a few layers' outputs (T x N x 2H floats) where training holds every
 # layer's gates and states for the backward: with two workers each running a batch this
-# large the activations stay below one training step's (docs/threads.md, "Validation and eval").
+# large the activations stay below one training step's (docs/threads.md, "Validation and
+# eval").
 EVAL_BATCH_SCALE = 2
 # ... but a small set is cut into at least this many batches (each no smaller than a
 # quarter of that budget nor the longest sequence): 200 validation sequences of the
 # reference workload made 4 batches for 2 workers, so a worker sat idle while the other
-# finished the last one (docs/threads.md, "Validation and eval"). A constant, not the worker count:
-# every MPI rank must plan the same batches.
+# finished the last one (docs/threads.md, "Validation and eval"). A constant, not the
+# worker count: every MPI rank must plan the same batches.
 EVAL_MIN_BATCHES = 8
 
 
@@ -124,8 +125,7 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
 
     ``workers`` threads (0: this rank's cores, see ``eval_workers``) each score whole
     batches of ``batch_scale`` x ``batch_frames`` padded frames (``eval_batch_frames``:
-    less for a small set) with ``intra`` intra-op
-    threads; ``threads``: the decoder's threads when one worker decodes alone.
+    less for a small set) with ``intra`` intra-op threads; ``threads``: the decoder's threads when one worker decodes alone.
     """
     rank, world = (comm.rank, comm.size) if comm is not None else (0, 1)
     workers = eval_workers(workers, device, comm)
@@ -138,8 +138,9 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
     if decoder is not None:
         counts["beam"] = ErrorCounts()
     counts["best"].skipped = int((~keep).sum()) if rank == 0 else 0
-    steps = make_plan(ds, keep, eval_batch_frames(ds.lengths[keep], batch_frames * batch_scale),
-                      seed=0, epoch=0, rank=rank, world=world, shuffle=False)
+    budget = eval_batch_frames(ds.lengths[keep], batch_frames * batch_scale)
+    steps = make_plan(ds, keep, budget, seed=0, epoch=0, rank=rank, world=world,
+                      shuffle=False)
     by_chunk: dict[int, list] = {}
     for s in steps:
         if s.seqs:  # a rank's share of a small batch may be empty
