@@ -336,6 +336,7 @@ def run(quick: bool = False) -> str:
               f"{two['frames_per_s'] / one['frames_per_s']:.2f}x (allreduce), "
               f"{twom['frames_per_s'] / one['frames_per_s']:.2f}x (master). The exchange "
               "column includes waiting for the slower rank (the straggler gap).", ""]
+    lines += ceiling_rows(data, bf, two["frames_per_s"] / one["frames_per_s"], rounds, quick)
     lines += reference_rows(work, rounds, quick)
 
     # 2. bytes on the wire, exchange time
@@ -413,6 +414,62 @@ def run(quick: bool = False) -> str:
     lines.append("")
     shutil.rmtree(work, ignore_errors=True)
     return "\n".join(lines)
+
+
+def ceiling_steps(data: Path, batch_frames: int, world: int, steps: int, epochs: int = 1):
+    """(dataset, model, {"1 rank": steps, "N ranks": steps}, their chunks): at most
+    ``steps`` global batches of the first ``epochs`` epochs of an N-rank run (one rank
+    with ``batch_multiple = N`` plans exactly them), split for one rank's one worker, and
+    dealt to N ranks of one worker each (bench/ceiling.py)."""
+    from bench import ceiling
+    from rnntrain.compute.model import CTCModel
+    from rnntrain.compute.tasks import cost_model_for
+    from rnntrain.config import ModelConfig, TrainConfig
+    from rnntrain.data.dataset import Dataset
+    from rnntrain.data.plan import make_plan
+    ds = Dataset.open(str(data))
+    tc, mc = TrainConfig(), ModelConfig()
+    model = CTCModel(ds.input_size, ds.num_labels, mc.layers, mc.hidden, mc.bidirectional)
+    cost = cost_model_for(model)
+    plan = [b for e in range(epochs) for b in make_plan(
+        ds, ds.feasible(), batch_frames, tc.seed, e, 0, 1, batch_multiple=world)][:steps]
+    batches = [b.seqs for b in plan]
+    return ds, model, {"1 rank": ceiling.thread_steps(batches, ds.lengths, 1,
+                                                      tc.tasks_per_worker, cost),
+                       f"{world} ranks": ceiling.rank_steps(batches, ds.lengths, world,
+                                                            tc.tasks_per_worker, cost)}, \
+        sorted({b.chunk for b in plan})
+
+
+def ceiling_rows(data: Path, batch_frames: int, measured: float, rounds: int,
+                 quick: bool) -> list[str]:
+    """The 2-rank ceiling of the default model's split (bench/ceiling.py) beside the
+    measured speed-up, in this process (one thread, the training allocator policy)."""
+    from bench import ceiling
+    from rnntrain.compute import allocator
+    allocator.configure("cache")  # as `rnntrain train` runs (before torch's threads)
+    import torch
+    from rnntrain.compute.tasks import TaskComputer
+    torch.manual_seed(0)
+    ds, model, settings, chunks = ceiling_steps(data, batch_frames, 2, 8 if quick else 48,
+                                                1 if quick else 3)
+    payload = {}
+    for k in chunks:
+        payload.update(ds.load_chunk(k))
+    c = ceiling.measure(TaskComputer(model, torch.device("cpu")), payload, ds.targets,
+                        ds.lengths, settings, rounds)
+    c1, c2 = c["1 rank"], c["2 ranks"]
+    n = len(settings["1 rank"])
+    top = c2.fps / c1.fps
+    return [f"The ceiling of the split (bench/ceiling.py): {n} global batches of such a "
+            f"run (its first epochs), every task timed alone on one thread, once as one "
+            f"rank splits each batch ({c1.tasks / n:.2f} tasks per batch) and once as two ranks split "
+            f"their shares ({c2.tasks / n:.2f} tasks per batch over both; "
+            f"{100 * (c2.busy_s / c1.busy_s - 1):+.1f}% of the work; the slower share "
+            f"leaves {100 * c2.balance:.0f}% of both ranks busy): 2 ranks can reach at "
+            f"most **{top:.2f}x** one rank with no exchange, no update and no second "
+            f"process on the machine; measured {measured:.2f}x = "
+            f"{100 * measured / top:.0f}% of it.", ""]
 
 
 def reference_rows(work: Path, rounds: int, quick: bool) -> list[str]:

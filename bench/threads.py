@@ -40,6 +40,7 @@ from rnntrain.data.plan import group_by_length
 from rnntrain.compute.pool import CostModel, Task, WorkerPool, split_tasks
 from rnntrain.compute.tasks import FlatGrad, TaskComputer, cost_model_for
 from rnntrain.decode.score import edit_ops_reference
+from bench import ceiling
 
 SETTINGS = ((1, 1), (1, 2), (2, 1))   # (threads, intra_threads)
 TASKS_PER_WORKER = 2                  # train.tasks_per_worker's default
@@ -138,7 +139,8 @@ def _fit_cost(model, frames_by_len, rng) -> tuple[CostModel, CostModel]:
     return fitted, CostModel(1.0, fitted.b * a_s, fitted.c * a_s)  # frame units, seconds
 
 
-def _section(name, model, ds, batches, rounds, lines, py_edit: bool = False):
+def _section(name, model, ds, batches, rounds, lines, py_edit: bool = False,
+             ceiling_too: bool = True):
     rng = np.random.default_rng(0)
     assert len(ds.chunks) == 1, "the bench data fits one chunk"
     frames = ds.load_chunk(0)
@@ -157,6 +159,12 @@ def _section(name, model, ds, batches, rounds, lines, py_edit: bool = False):
     def synth_task(t, n):
         return ([rng.normal(size=(t, ds.input_size)).astype(np.float32) for _ in range(n)],
                 [rng.integers(0, ds.num_labels, max(1, t // 8)) for _ in range(n)])
+    if ceiling_too:  # the same batches' tasks alone (bench/ceiling.py)
+        model.load_state_dict(init)
+        ceil = ceiling.measure(TaskComputer(model, torch.device("cpu")), frames, ds.targets,
+                               ds.lengths, {f"{w}x1": ceiling.thread_steps(
+                                   batches, ds.lengths, w, TASKS_PER_WORKER,
+                                   cost_model_for(model)) for w in (1, 2)}, rounds)
     fitted, secs = _fit_cost(model, synth_task, rng)
     guess = cost_model_for(model)
     one = best[(1, 1)]["fps"]
@@ -172,8 +180,20 @@ def _section(name, model, ds, batches, rounds, lines, py_edit: bool = False):
         lines.append(f"| {s[0]}x{s[1]} | {r['fps']:,.0f} | {r['fps'] / one:.2f}x | "
                      f"{100 * r['idle']:.1f}% | {100 * r['serial']:.1f}% | {r['tasks']:.1f} |")
     lines += ["", f"2x1 / 1x1 = {best[(2, 1)]['fps'] / one:.2f} (goal >= 1.9); 2x1 / best "
-                  f"intra-op-only = {best[(2, 1)]['fps'] / intra_best:.2f} (goal >= 1.0).", "",
-              f"Task cost fitted on one thread: {secs.b * 1e6:.0f} us per sequence, "
+                  f"intra-op-only = {best[(2, 1)]['fps'] / intra_best:.2f} (goal >= 1.0).", ""]
+    if ceiling_too:
+        c1, c2 = ceil["1x1"], ceil["2x1"]
+        top = c2.fps / c1.fps
+        lines += [f"The ceiling of these splits (bench/ceiling.py: every task of each split "
+                  f"timed alone on one thread, dealt to the workers as the pool deals them; "
+                  f"no barrier, reduce or update, no second core): the 2x1 split's "
+                  f"{c2.tasks / len(batches):.2f} tasks per batch cost "
+                  f"{100 * (c2.busy_s / c1.busy_s - 1):+.1f}% of the 1x1 split's "
+                  f"{c1.tasks / len(batches):.2f}, and keep {100 * c2.balance:.0f}% of two "
+                  f"workers busy: 2x1 / 1x1 can reach at most **{top:.2f}**; measured "
+                  f"{best[(2, 1)]['fps'] / one:.2f} = "
+                  f"{100 * best[(2, 1)]['fps'] / one / top:.0f}% of it.", ""]
+    lines += [f"Task cost fitted on one thread: {secs.b * 1e6:.0f} us per sequence, "
               f"{secs.c * 1e3:.2f} ms per task = b {fitted.b:.2f}, c {fitted.c:.1f} padded-frame "
               f"equivalents (the built-in guess for this model: b {guess.b:.2f}, "
               f"c {guess.c:.1f}).", ""]
@@ -194,8 +214,10 @@ def _section(name, model, ds, batches, rounds, lines, py_edit: bool = False):
     return {f"{k[0]}x{k[1]}": best[k]["fps"] for k in SETTINGS}
 
 
-def _sections(quick: bool, lines: list[str]) -> dict[str, dict[str, float]]:
-    """Both models' rows (markdown into ``lines``) → {model: {"1x1": frames/s, ...}}."""
+def _sections(quick: bool, lines: list[str], ceiling_too: bool = True
+              ) -> dict[str, dict[str, float]]:
+    """Both models' rows (markdown into ``lines``) → {model: {"1x1": frames/s, ...}};
+    ``ceiling_too``: also each split's ceiling (bench/ceiling.py; text only)."""
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     out = {}
@@ -207,7 +229,8 @@ def _sections(quick: bool, lines: list[str]) -> dict[str, dict[str, float]]:
         model = CTCModel(ds.input_size, ds.num_labels, layers=2, hidden=128)
         out["default"] = _section("Default model (2x128 BLSTM, configs/default.toml)", model,
                                   ds, _batches(ds, "frames", 6 if quick else 20, rng),
-                                  1 if quick else 2, lines, py_edit=True)
+                                  1 if quick else 2, lines, py_edit=True,
+                                  ceiling_too=ceiling_too)
         # the reference model: 40 inputs, 30 labels, batches of 32 similar lengths
         path = os.path.join(tmp, "reference.nc")
         write_synth(path, num_seqs=400 if quick else 800, num_labels=30, input_size=40, seed=2,
@@ -217,7 +240,7 @@ def _sections(quick: bool, lines: list[str]) -> dict[str, dict[str, float]]:
         out["reference"] = _section("Reference model (3x256 BLSTM, 40 inputs, 30 labels, "
                                     "batches of 32)", model, ds,
                                     _batches(ds, "count", 2 if quick else 5, rng),
-                                    1 if quick else 2, lines)
+                                    1 if quick else 2, lines, ceiling_too=ceiling_too)
     return out
 
 
@@ -268,6 +291,6 @@ def run(quick: bool = False) -> str:
 
 if __name__ == "__main__":
     if "--json" in sys.argv[1:]:
-        print(json.dumps(_sections("--quick" in sys.argv[1:], [])))
+        print(json.dumps(_sections("--quick" in sys.argv[1:], [], ceiling_too=False)))
     else:
         print(run(quick="--quick" in sys.argv[1:]))

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from rnntrain.config import ModelConfig, OptimConfig
@@ -139,3 +140,60 @@ def test_flops_same_tasks_replay_trains_every_planned_sequence_once(tmp_path):
     assert round(r["tasks"] * r["seqs_per_task"]) == sum(len(b.seqs) for b in plan) == \
         int(ds.feasible().sum())
     assert 0.5 <= r["balance"] <= 1.0 and r["gflops"] > 0
+
+
+def test_rank_ceiling_deals_each_global_batch_as_the_ranks_plans_do(synth_pair):
+    """bench ranks' ceiling: one rank's steps cover each global batch once, and the
+    2-rank steps give rank r exactly its share of an independent 2-rank plan."""
+    from bench.ranks import ceiling_steps
+    from rnntrain.config import TrainConfig
+    from rnntrain.data.plan import make_plan
+    train, _ = synth_pair
+    ds, _, settings, _ = ceiling_steps(train, 300, 2, 1000)
+    one, two = settings["1 rank"], settings["2 ranks"]
+    shares = [make_plan(ds, ds.feasible(), 300, TrainConfig().seed, 0, r, 2) for r in (0, 1)]
+    assert len(one) == len(two) == len(shares[0]) == len(shares[1]) > 5
+    for i, (a, b) in enumerate(zip(one, two)):
+        (w, groups), = a
+        assert w == 1
+        both = [sorted(s for g in gs for s in g) for _, gs in b]
+        assert [lane[0] for lane in b] == [1, 1]
+        assert both == [sorted(shares[r][i].seqs) for r in (0, 1)]
+        assert sorted(s for g in groups for s in g) == sorted(both[0] + both[1])
+
+
+def test_ceiling_times_every_task_once_and_deals_them_as_the_pool_does(synth_pair):
+    """bench/ceiling.py runs each task of each setting once per round through the training
+    TaskComputer; one worker's wall is its busy time, two workers' lies between half and
+    all of it, and the rate counts every real frame of the batches."""
+    from bench import ceiling
+    from rnntrain.compute.model import CTCModel
+    from rnntrain.compute.tasks import TaskComputer, cost_model_for
+    from rnntrain.data.dataset import Dataset
+    from rnntrain.data.plan import group_by_length
+    train, _ = synth_pair
+    ds = Dataset.open(str(train))
+    model = CTCModel(ds.input_size, ds.num_labels, layers=1, hidden=8)
+    payload = ds.load_chunk(0)
+    batches = group_by_length(np.arange(ds.num_seqs), ds.lengths, 400)[:6]
+    settings = {f"{w}x1": ceiling.thread_steps(batches, ds.lengths, w, 2, cost_model_for(model))
+                for w in (1, 2)}
+    seen = []
+
+    class Counting(TaskComputer):  # the real computer, recording what it ran
+        def __call__(self, worker, task):
+            seen.append(task.seqs)
+            return super().__call__(worker, task)
+
+    c = ceiling.measure(Counting(model, torch.device("cpu")), payload, ds.targets,
+                        ds.lengths, settings, rounds=2)
+    frames = sum(int(ds.lengths[list(b)].sum()) for b in batches)
+    for name, w in (("1x1", 1), ("2x1", 2)):
+        groups = [g for st in settings[name] for _, gs in st for g in gs]
+        assert sorted(s for g in groups for s in g) == sorted(int(s) for b in batches for s in b)
+        assert c[name].tasks == len(groups) and c[name].lanes == w
+        assert abs(c[name].fps * c[name].wall_s - frames) < 1e-6 * frames
+    assert c["1x1"].wall_s == pytest.approx(c["1x1"].busy_s, rel=1e-12)
+    assert c["2x1"].busy_s / 2 <= c["2x1"].wall_s <= c["2x1"].busy_s
+    n_tasks = sum(c[k].tasks for k in c)
+    assert len(seen) == 1 + 2 * n_tasks  # a warm-up, then every task once per round
