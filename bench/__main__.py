@@ -100,6 +100,16 @@ def _failure(name: str, why: str, stderr_tail: str, quick: bool) -> str:
                       "lines of its error output:", "", "```", *lines, "```", ""])
 
 
+def name_machine(text: str, cpu: str, cores: int) -> str:
+    """A section's markdown, with a line under its heading naming the CPU (model and the
+    flags that change our figures) unless the section already does: figures differ by
+    CPU, so each section's tables say which one they come from."""
+    head, sep, rest = text.partition("\n")
+    if cpu in text or not head.startswith("#"):
+        return text
+    return f"{head}\n\nMeasured on {cpu}, {cores} cores.{sep}{rest}"
+
+
 def machine_header(quick: bool) -> str:
     from bench.workloads import machine
     m = machine()
@@ -160,7 +170,9 @@ def main(argv=None) -> int:
     for name, title, _, dt, status in results:
         doc.append(f"| {title} | `python -m bench {name}{q}` | {status} | {dt:.0f} s |")
     doc += [f"| **all** | `python -m bench{q}` | | **{total:.0f} s** |", ""]
-    doc += [text for _, _, text, _, _ in results]
+    from bench.workloads import machine
+    m = machine()
+    doc += [name_machine(text, m["cpu"], m["cores"]) for _, _, text, _, _ in results]
     markdown = "\n".join(doc)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)

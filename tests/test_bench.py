@@ -197,3 +197,17 @@ def test_ceiling_times_every_task_once_and_deals_them_as_the_pool_does(synth_pai
     assert c["2x1"].busy_s / 2 <= c["2x1"].wall_s <= c["2x1"].busy_s
     n_tasks = sum(c[k].tasks for k in c)
     assert len(seen) == 1 + 2 * n_tasks  # a warm-up, then every task once per round
+
+
+def test_every_section_names_the_cpu_it_ran_on():
+    """bench's document: a section that does not name the CPU gets a line under its
+    heading that does; one that already names it, or a failure's text, is left alone."""
+    from bench.__main__ import name_machine
+    cpu = "AMD EPYC [no AMX, avx512_bf16, avx512f]"
+    out = name_machine("## Inference\n\n| a | b |\n|---|---|\n", cpu, 2)
+    assert out.splitlines()[:3] == ["## Inference", "",
+                                    f"Measured on {cpu}, 2 cores."]
+    assert out.endswith("\n| a | b |\n|---|---|\n")
+    named = f"## Flops\n\n`python -m bench.flops` on {cpu}, 2 cores.\n"
+    assert name_machine(named, cpu, 2) == named
+    assert name_machine("no heading", cpu, 2) == "no heading"
