@@ -84,7 +84,7 @@ def measure(comp, payload, targets, lengths: np.ndarray, settings: dict[str, lis
                 frames = tasks = 0
                 for i, step in enumerate(steps):
                     slowest = 0.0
-                    for lane, (workers, groups) in enumerate(step):
+                    for workers, groups in step:
                         comp.begin_step(len(groups), (seed, 0, i), True)
                         times = []
                         for j, g in enumerate(groups):
