@@ -110,9 +110,8 @@ def name_machine(text: str, cpu: str, cores: int) -> str:
     return f"{head}\n\nMeasured on {cpu}, {cores} cores.{sep}{rest}"
 
 
-def machine_header(quick: bool) -> str:
-    from bench.workloads import machine
-    m = machine()
+def machine_header(quick: bool, m: dict) -> str:
+    """The document's head; ``m``: ``workloads.machine()``."""
     try:
         load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     except OSError:
@@ -164,14 +163,14 @@ def main(argv=None) -> int:
         results.append((name, title, text, dt, status))
     total = time.perf_counter() - t_start
 
-    doc = [machine_header(a.quick), "| section | command | status | time |",
+    from bench.workloads import machine
+    m = machine()
+    doc = [machine_header(a.quick, m), "| section | command | status | time |",
            "|---|---|---|---:|"]
     q = " --quick" if a.quick else ""
     for name, title, _, dt, status in results:
         doc.append(f"| {title} | `python -m bench {name}{q}` | {status} | {dt:.0f} s |")
     doc += [f"| **all** | `python -m bench{q}` | | **{total:.0f} s** |", ""]
-    from bench.workloads import machine
-    m = machine()
     doc += [name_machine(text, m["cpu"], m["cores"]) for _, _, text, _, _ in results]
     markdown = "\n".join(doc)
     if out:

@@ -31,11 +31,16 @@ Step = Sequence[Lane]
 @dataclass
 class Ceiling:
     """One setting's tasks timed alone (best of the rounds)."""
-    fps: float        # real frames / the sum over steps of the slowest lane's makespan
+    frames: int       # real frames of the steps
     busy_s: float     # every task's time added up (the split's total work)
     wall_s: float     # the sum over steps of the slowest lane's makespan
     tasks: int
     lanes: int        # workers (summed over a step's lanes)
+
+    @property
+    def fps(self) -> float:
+        """Real frames over the wall time: the setting's best frames/s."""
+        return self.frames / self.wall_s
 
     @property
     def balance(self) -> float:
@@ -67,16 +72,17 @@ def rank_steps(batches, lengths: np.ndarray, world: int, tasks_per_worker: int,
 
 
 def measure(comp, payload, targets, lengths: np.ndarray, settings: dict[str, list[Step]],
-            rounds: int = 2, seed: int = 1) -> dict[str, Ceiling]:
+            rounds: int = 2, seed: int = 1, epoch: int = 0) -> dict[str, Ceiling]:
     """Time every task of every setting alone on this thread (``comp``: a training
-    ``TaskComputer``; ``payload[s]``: the frames of sequence s), settings interleaved
+    ``TaskComputer``; ``payload[s]``: the frames of sequence s; step i draws its noise
+    and dropout from (``seed``, ``epoch``, i) as training does), settings interleaved
     round by round, the best round of each kept (this VM's speed drifts by minutes)."""
     from rnntrain.compute.pool import Task, _list_schedule, task_settings
     best: dict[str, Ceiling] = {}
     with task_settings(1):
         first = next(g for steps in settings.values() for st in steps for _, gs in st
                      for g in gs)[:1]
-        comp.begin_step(1, (seed, 0, -1), True)   # warm-up, untimed: the first kernels
+        comp.begin_step(1, (seed, epoch, -1), True)   # warm-up, untimed: the first kernels
         comp(0, Task(0, first, ([payload[s] for s in first], [targets[s] for s in first])))
         for _ in range(rounds):
             for name, steps in settings.items():
@@ -85,7 +91,7 @@ def measure(comp, payload, targets, lengths: np.ndarray, settings: dict[str, lis
                 for i, step in enumerate(steps):
                     slowest = 0.0
                     for workers, groups in step:
-                        comp.begin_step(len(groups), (seed, 0, i), True)
+                        comp.begin_step(len(groups), (seed, epoch, i), True)
                         times = []
                         for j, g in enumerate(groups):
                             task = Task(j, g, ([payload[s] for s in g],
@@ -99,7 +105,7 @@ def measure(comp, payload, targets, lengths: np.ndarray, settings: dict[str, lis
                         slowest = max(slowest, _list_schedule(times, workers))
                     wall += slowest
                 lanes = sum(w for w, _ in steps[0])
-                c = Ceiling(frames / wall, busy, wall, tasks, lanes)
+                c = Ceiling(frames, busy, wall, tasks, lanes)
                 if name not in best or c.fps > best[name].fps:
                     best[name] = c
     return best

@@ -97,53 +97,34 @@ def same_tasks_gflops(data: "os.PathLike", precision: str, workers: int, epoch: 
     times are dealt to the workers in queue order (as the pool does), i.e. what the
     split's imbalance alone leaves of ``workers`` x this rate."""
     import numpy as np
+    from bench import ceiling
     from rnntrain.compute.model import CTCModel, training_flops_per_frame
-    from rnntrain.compute.pool import Task, split_tasks
     from rnntrain.compute.tasks import TaskComputer, cost_model_for
     from rnntrain.config import TrainConfig
     from rnntrain.data.dataset import Dataset
     from rnntrain.data.plan import make_plan
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        torch.manual_seed(0)
-        ds = Dataset.open(str(data))
-        model = CTCModel(ds.input_size, ds.num_labels, wl.REF_LAYERS, wl.REF_HIDDEN, True)
-        model.train()
-        comp = TaskComputer(model, torch.device("cpu"), precision=precision)
-        cost = cost_model_for(model, precision)
-        per_worker = TrainConfig().tasks_per_worker  # the reference config leaves it at that
-        keep = ds.feasible()  # as training keeps them (no subsampling here)
-        plan = make_plan(ds, keep, wl.REF_BATCH_FRAMES, wl.REF_SEED, epoch)
-        payload = {c: ds.load_chunk(c) for c in sorted({b.chunk for b in plan})}
-        first = plan[0].seqs[:1]  # warm-up, untimed: thread-local state, first kernels
-        comp.begin_step(1, (wl.REF_SEED, epoch, -1), True)
-        comp(0, Task(0, first, ([payload[plan[0].chunk][s] for s in first],
-                                [ds.targets[s] for s in first])))
-        busy = makespan = 0.0
-        frames, sizes = 0, []
-        for i, b in enumerate(plan):
-            groups = split_tasks(b.seqs, ds.lengths, workers * per_worker, cost, workers)
-            comp.begin_step(len(groups), (wl.REF_SEED, epoch, i), True)
-            free = [0.0] * workers  # the pool's queue: each task to the first free worker
-            for j, g in enumerate(groups):
-                task = Task(j, g, ([payload[b.chunk][s] for s in g],
-                                   [ds.targets[s] for s in g]))
-                t0 = time.perf_counter()
-                comp(0, task)
-                dt = time.perf_counter() - t0
-                busy += dt
-                free[free.index(min(free))] += dt
-                sizes.append(len(g))
-            makespan += max(free)
-            frames += int(ds.lengths[list(b.seqs)].sum())
-        fpf = training_flops_per_frame(wl.REF_INPUTS, wl.REF_HIDDEN, wl.REF_LAYERS, True,
-                                       wl.REF_LABELS + 1)
-        return {"gflops": frames * fpf / busy / 1e9, "tasks": len(sizes),
-                "batches": len(plan), "seqs_per_task": float(np.mean(sizes)),
-                "balance": busy / (workers * makespan)}
-    finally:
-        torch.set_num_threads(old)
+    torch.manual_seed(0)
+    ds = Dataset.open(str(data))
+    model = CTCModel(ds.input_size, ds.num_labels, wl.REF_LAYERS, wl.REF_HIDDEN, True)
+    model.train()
+    comp = TaskComputer(model, torch.device("cpu"), precision=precision)
+    per_worker = TrainConfig().tasks_per_worker  # the reference config leaves it at that
+    keep = ds.feasible()  # as training keeps them (no subsampling here)
+    plan = make_plan(ds, keep, wl.REF_BATCH_FRAMES, wl.REF_SEED, epoch)
+    payload = {}
+    for c in sorted({b.chunk for b in plan}):
+        payload.update(ds.load_chunk(c))
+    steps = ceiling.thread_steps([b.seqs for b in plan], ds.lengths, workers, per_worker,
+                                 cost_model_for(model, precision))
+    # one round: the caller brackets the loop run with two of these
+    r = ceiling.measure(comp, payload, ds.targets, ds.lengths, {"tasks": steps}, rounds=1,
+                        seed=wl.REF_SEED, epoch=epoch)["tasks"]
+    sizes = [len(g) for st in steps for _, gs in st for g in gs]
+    fpf = training_flops_per_frame(wl.REF_INPUTS, wl.REF_HIDDEN, wl.REF_LAYERS, True,
+                                   wl.REF_LABELS + 1)
+    return {"gflops": r.frames * fpf / r.busy_s / 1e9, "tasks": r.tasks,
+            "batches": len(plan), "seqs_per_task": float(np.mean(sizes)),
+            "balance": r.balance}
 
 
 def run(quick: bool = False) -> str:

@@ -463,8 +463,8 @@ def ceiling_rows(data: Path, batch_frames: int, measured: float, rounds: int,
     top = c2.fps / c1.fps
     return [f"The ceiling of the split (bench/ceiling.py): {n} global batches of such a "
             f"run (its first epochs), every task timed alone on one thread, once as one "
-            f"rank splits each batch ({c1.tasks / n:.2f} tasks per batch) and once as two ranks split "
-            f"their shares ({c2.tasks / n:.2f} tasks per batch over both; "
+            f"rank splits each batch ({c1.tasks / n:.2f} tasks per batch) and once as two "
+            f"ranks split their shares ({c2.tasks / n:.2f} tasks per batch over both; "
             f"{100 * (c2.busy_s / c1.busy_s - 1):+.1f}% of the work; the slower share "
             f"leaves {100 * c2.balance:.0f}% of both ranks busy): 2 ranks can reach at "
             f"most **{top:.2f}x** one rank with no exchange, no update and no second "
