@@ -32,7 +32,7 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_tools.audio import list_lines
+from .audio import list_lines
 from rnntrain.data import ncdata
 from rnntrain.errors import UserError
 # the image preparation lives in the front end, shared with transcribe; prepare and

@@ -95,3 +95,18 @@ def test_wheel_in_a_fresh_venv_from_another_folder(tmp_path):
     _run(["rnntrain", "report", "runs/default"], work, env)
     assert (work / "runs/default/report/report.md").is_file()
     _run(["rnntrain-data", "inspect", "data/synth_val.nc"], work, env)
+
+
+def test_data_tools_never_import_their_repository_name():
+    """Installed, the data tools are the package rnntrain_data: an absolute import of
+    ``data_tools`` works in the repository and crashes for every pip user (it did:
+    ``rnntrain-data images`` imported data_tools.audio). Relative imports only."""
+    import ast
+    bad = []
+    for f in sorted((ROOT / "data_tools").glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [])
+            bad += [f"{f.name}:{node.lineno} {n}" for n in names if n.split(".")[0] == "data_tools"]
+    assert not bad, f"import the data tools relatively (installed they are rnntrain_data): {bad}"
