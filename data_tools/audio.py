@@ -18,20 +18,19 @@ memory at a time; the output is written under a temporary name and renamed at th
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from rnntrain.errors import UserError
+from rnntrain.errors import UserError, check_regular_file
 from rnntrain.data import ncdata
 from rnntrain.data.ncdata import NcWriter
 from rnntrain.frontend import ATTR as FRONTEND_ATTR, FrontEnd, normalise
 from rnntrain.frontend import features as feat
 from rnntrain.frontend.audio import read_npy, resample
-from rnntrain.fsutil import atomic_write
+from rnntrain.fsutil import atomic_write, read_text
 
 STATS_VERSION = 1
 
@@ -51,15 +50,7 @@ class Entry:
 
 def read_list(list_path) -> list[Entry]:
     lp = Path(list_path)
-    from rnntrain.errors import check_regular_file
-    check_regular_file(lp, "list file")
-    data = lp.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise UserError(f"{lp} line {line}: not UTF-8 text (byte 0x{data[e.start]:02x})"
-                        ) from None
+    text = read_text(lp, "list file")
     out = [Entry(n, path, text.split()) for n, path, text in list_lines(lp, text)]
     if not out:
         raise UserError(f"{lp}: no utterances listed")
@@ -106,8 +97,8 @@ def read_audio(path, start: float = 0.0, end: float | None = None) -> tuple[int,
     optionally only [start, end) seconds of it → (rate, mono float64 signal in [-1, 1]).
     Whole WAV files go through scipy (no extra dependency); raises UserError naming the
     file."""
-    if not os.path.isfile(path):
-        raise UserError(f"{path}: file not found")
+    # a FIFO or a device named in a list (or a Kaldi wav.scp) is refused, never opened
+    check_regular_file(path)
     if str(path).lower().endswith(".wav") and not start and end is None:
         return read_wav(path)
     try:
@@ -137,7 +128,6 @@ def read_wav(path) -> tuple[int, np.ndarray]:
     """→ (rate, mono float64 signal in [-1, 1]). Raises UserError naming the file."""
     import struct
     from scipy.io import wavfile
-    from rnntrain.errors import check_regular_file
     check_regular_file(path)
     try:
         with warnings.catch_warnings():
@@ -279,10 +269,9 @@ class Stats:
     @classmethod
     def load(cls, path) -> "Stats":
         p = Path(path)
-        if not p.is_file():
-            raise UserError(f"{p}: statistics file not found")
+        text = read_text(p, "statistics file")
         try:
-            d = json.loads(p.read_text())
+            d = json.loads(text)
             s = cls(np.asarray(d["mean"], dtype=np.float64), np.asarray(d["std"], dtype=np.float64),
                     int(d["frames"]), list(d["labels"]), dict(d["source"]))
         except (ValueError, KeyError, TypeError) as e:

@@ -49,11 +49,10 @@ class Item:
 
 
 def read_list(list_path) -> list[Item]:
+    from rnntrain.fsutil import read_text
     lp = Path(list_path)
-    if not lp.is_file():
-        raise UserError(f"{lp}: list file not found")
     out = [Item(n, path, text) for n, path, text in
-           list_lines(lp, lp.read_text(encoding="utf-8"))]
+           list_lines(lp, read_text(lp, "list file"))]
     if not out:
         raise UserError(f"{lp}: no images listed")
     return out

@@ -20,11 +20,13 @@ utterance with audio but no transcript is left out and counted.
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import numpy as np
 
 from rnntrain.errors import UserError
+from rnntrain.fsutil import read_text
 
 from .audio import Entry
 
@@ -34,11 +36,7 @@ WORD_SEPARATOR = "|"
 def _table(path: Path, min_fields: int, what: str) -> list[tuple[int, list[str]]]:
     """(line number, fields) of a Kaldi table file; blank lines skipped."""
     rows = []
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    for n, raw in enumerate(text.splitlines(), 1):
+    for n, raw in enumerate(read_text(path, "Kaldi table").splitlines(), 1):
         fields = raw.split()
         if not fields:
             continue
@@ -74,7 +72,7 @@ def kaldi_entries(data_dir, units: str = "words") -> tuple[list[Entry], str]:
     if not d.is_dir():
         raise UserError(f"{d}: not a folder (a Kaldi data directory holds wav.scp and text)")
     for name in ("wav.scp", "text"):
-        if not (d / name).is_file():
+        if not os.path.lexists(d / name):  # a FIFO or a folder there: read_text names it
             raise UserError(f"{d}: no {name} (a Kaldi data directory holds wav.scp and text)")
     wav = {}
     for n, f in _unique(d / "wav.scp", _table(d / "wav.scp", 2, "'<id> <audio file>'")).values():

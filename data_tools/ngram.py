@@ -35,12 +35,8 @@ FALLBACK = (0.5, 1.0, 1.5)
 
 
 def sentences(path, chars: bool = False, space_token: str = "<space>") -> list[list[str]]:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{path}: text file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read the text ({e})") from None
+    from rnntrain.fsutil import read_text
+    text = read_text(path, "text file")
     out = []
     for line in text.splitlines():
         if chars:

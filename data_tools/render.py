@@ -89,10 +89,8 @@ def cut(s: str, max_chars: int) -> str:
 
 
 def file_lines(path: str, count: int, max_chars: int) -> list[str]:
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"--text {path}: file not found")
-    lines = [" ".join(ln.split()) for ln in p.read_text(encoding="utf-8").splitlines()]
+    from rnntrain.fsutil import read_text
+    lines = [" ".join(ln.split()) for ln in read_text(path, "--text file").splitlines()]
     lines = [cut(ln, max_chars) for ln in lines if ln]
     if not lines:
         raise UserError(f"--text {path}: no non-empty lines")

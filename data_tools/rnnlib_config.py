@@ -252,13 +252,9 @@ def convert(entries: dict[str, str], source: str = "config",
 
 
 def convert_file(path: str) -> tuple[str, list[str]]:
+    from rnntrain.fsutil import read_text
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"RNNLIB config not found: {p}")
-    try:
-        text = p.read_text()
-    except UnicodeDecodeError:
-        raise UserError(f"{p}: not a text file (expected RNNLIB 'name value' lines)") from None
+    text = read_text(p, "RNNLIB config")
     entries = parse(text, str(p))
     if not entries:
         raise UserError(f"{p}: no 'name value' lines found")

@@ -1,4 +1,4 @@
-"""Files written whole or not at all, and checksums of files.
+"""Files written whole or not at all, files read whole within bounds, and checksums.
 
 Every writer of a file a user or a later run relies on (checkpoints, run-folder files,
 decoded hypotheses, NetCDF files, manifests, sweep results, traces) goes through
@@ -7,6 +7,11 @@ folder (same file system, so the rename is atomic), the file is fsync'd, renamed
 target, and the folder is fsync'd so that the rename itself survives a power cut. A crash
 at any moment leaves the old file or the new one, never half a file; on any error the
 temporary file is removed and the target is untouched.
+
+Every small input read whole into memory (text for language models, Kaldi tables, lists)
+goes through ``read_bytes`` / ``read_text``: the path must be a regular file (a FIFO would
+block forever, /dev/zero never ends: see ``rnntrain.errors.file_problem``) of at most
+``limit`` bytes, and a text that is not UTF-8 is named with its line.
 
 Temporary names are ``.NAME.tmpPID`` (hidden, and unique per process so that two writers
 of the same file never share one); ``stale_temps`` finds those a killed process left.
@@ -20,9 +25,40 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Union
 
-from rnntrain.errors import DataError
+from rnntrain.errors import DataError, UserError, check_regular_file
 
 Payload = Union[bytes, str, Callable[[IO[bytes]], None]]
+
+READ_LIMIT = 1 << 30
+"""Default most bytes ``read_bytes``/``read_text`` hold in memory (1 GiB)."""
+
+
+def read_bytes(path, what: str = "file", limit: int = READ_LIMIT, error=UserError) -> bytes:
+    """The whole content of ``path``: a regular file (symlinks followed) of at most
+    ``limit`` bytes; otherwise ``error("PATH: why")`` (not found, a FIFO, a device, a
+    folder, too large). ``what`` names the file's role in the message ("text file")."""
+    check_regular_file(path, what, error)
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)  # a file that grew since the check stops here too
+    except OSError as e:
+        raise error(f"{path}: {what} cannot be read ({e.strerror or e})") from None
+    if len(data) > limit:
+        raise error(f"{path}: {what} is larger than {limit:,} bytes (the most read into "
+                    f"memory)")
+    return data
+
+
+def read_text(path, what: str = "file", limit: int = READ_LIMIT, error=UserError) -> str:
+    """``read_bytes`` decoded as UTF-8; a byte that is not UTF-8 is named with its line:
+    ``error("PATH line N: not UTF-8 text (byte 0xNN)")``."""
+    data = read_bytes(path, what, limit, error)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise error(f"{path} line {line}: not UTF-8 text (byte 0x{data[e.start]:02x})"
+                    ) from None
 
 
 def temp_path(path) -> Path:
