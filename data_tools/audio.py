@@ -299,7 +299,8 @@ def convert(list_path, out, source, stats_path=None, save_stats=None, labels=Non
         raise UserError(f"{list_path}: no utterances listed")
     given = Stats.load(stats_path) if stats_path else None
     if given is not None:
-        if given.source != source.describe() and given.source.get("source") == "audio":
+        if given.source != source.describe() and given.source.get("source") in ("audio",
+                                                                                 "kaldi"):
             raise UserError(f"{stats_path}: statistics were computed with features "
                             f"{given.source}, not {source.describe()}")
         if labels is not None and labels != given.labels:

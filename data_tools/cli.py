@@ -46,19 +46,54 @@ def _audio(a):
                                         f"frames saved to {a.save_stats or a.out + '.stats.json'}"))
 
 
+def _stats_note(a, st) -> str:
+    return "" if a.stats else (f"; statistics from {st.frames} frames saved to "
+                               f"{a.save_stats or a.out + '.stats.json'}")
+
+
+def _kaldi_feats(a) -> bool:
+    """Whether ``rnntrain-data kaldi`` reads feature matrices (feats.scp, --feats) rather
+    than computing features from wav.scp; refuses the options of the other kind."""
+    import os
+    feats = a.feats is not None or a.source == "feats" or (
+        a.source == "auto" and os.path.lexists(os.path.join(a.data_dir, "feats.scp")))
+    if feats:
+        if a.source == "wav":
+            raise UserError("--feats reads feature matrices: leave out --from wav")
+        given = [f for f, v in (("--features", a.features), ("--rate", a.rate),
+                                ("--mels", a.mels)) if v is not None]
+        if given:
+            raise UserError(f"{given[0]} sets how audio becomes features, but the features "
+                            f"come from {a.feats or os.path.join(a.data_dir, 'feats.scp')} "
+                            f"(--from wav computes them from wav.scp)")
+    elif a.cmvn != "none" or a.cmvn_vars:
+        raise UserError("--cmvn applies to Kaldi feature matrices (feats.scp); features "
+                        "computed from wav.scp are normalised over the whole set")
+    return feats
+
+
 def _corpus(a):
     from .audio import AudioSource, convert, feature_config, parse_labels
     from .kaldi import kaldi_entries, lhotse_entries
+    labels = parse_labels(a.labels) if a.labels else None
+    if a.cmd == "kaldi" and _kaldi_feats(a):
+        from .kaldi_feats import kaldi_feature_entries
+        entries, summary, source = kaldi_feature_entries(
+            a.data_dir, a.units, a.feats, a.cmvn, a.cmvn_vars, a.allow_pipes)
+        st = convert(a.data_dir, a.out, source, a.stats, a.save_stats, labels, a.format,
+                     entries=entries)
+        print(f"wrote {a.out}: {summary}, {len(st.labels)} labels" + _stats_note(a, st))
+        return
     src = a.data_dir if a.cmd == "kaldi" else a.cuts
-    entries, summary = (kaldi_entries if a.cmd == "kaldi" else lhotse_entries)(src, a.units)
+    entries, summary = (kaldi_entries(src, a.units, a.allow_pipes) if a.cmd == "kaldi"
+                        else lhotse_entries(src, a.units))
     if not entries:
         raise UserError(f"{src}: no utterances")
     cfg = feature_config(a.features, a.rate, a.mels, a.stats, src, first=entries[0])
-    st = convert(src, a.out, AudioSource(cfg), a.stats, a.save_stats,
-                 parse_labels(a.labels) if a.labels else None, a.format, entries=entries)
+    st = convert(src, a.out, AudioSource(cfg), a.stats, a.save_stats, labels, a.format,
+                 entries=entries)
     print(f"wrote {a.out}: {summary}; {cfg.kind} {cfg.size} features at {cfg.rate} Hz, "
-          f"{len(st.labels)} labels" + ("" if a.stats else f"; statistics from {st.frames} "
-                                        f"frames saved to {a.save_stats or a.out + '.stats.json'}"))
+          f"{len(st.labels)} labels" + _stats_note(a, st))
 
 
 def _convert(a):
@@ -253,13 +288,31 @@ def build_parser() -> argparse.ArgumentParser:
     _list_args(a, "path to a .wav/.flac/.ogg file")
     _feature_args(a)
     a.set_defaults(fn=_audio)
-    k = sub.add_parser("kaldi", help="a Kaldi data directory (wav.scp, text, segments, "
-                                     "utt2spk) → normalised features .nc",
-                       description="Read a Kaldi data directory: wav.scp (audio files; piped "
-                                   "commands are refused), text, and segments and utt2spk when "
-                                   "present. Features, statistics and alphabet as in 'audio'.")
-    k.add_argument("data_dir", metavar="DATA_DIR", help="folder with wav.scp and text")
+    k = sub.add_parser("kaldi", help="a Kaldi data directory (feats.scp or wav.scp, text, "
+                                     "segments, utt2spk) → normalised features .nc",
+                       description="Read a Kaldi data directory: text, utt2spk when present, "
+                                   "and either the feature matrices of feats.scp (Kaldi "
+                                   "archives, binary, text or compressed; optional CMVN) or "
+                                   "the audio of wav.scp (with segments when present; "
+                                   "features computed as in 'audio'). Statistics and "
+                                   "alphabet as in 'audio'.")
+    k.add_argument("data_dir", metavar="DATA_DIR", help="folder with text and feats.scp or "
+                                                        "wav.scp")
     _list_args(k, None)
+    k.add_argument("--from", dest="source", choices=("auto", "feats", "wav"), default="auto",
+                   help="auto (default): feats.scp when DATA_DIR has one, else wav.scp; "
+                        "feats: Kaldi's feature matrices; wav: compute features from the audio")
+    k.add_argument("--feats", metavar="SCP_OR_ARK", help="read the feature matrices of this "
+                   "feats .scp or bare .ark (binary or text) instead of DATA_DIR/feats.scp")
+    k.add_argument("--cmvn", choices=("none", "utterance", "speaker", "scp"), default="none",
+                   help="with feature matrices: subtract the mean of each utterance, of each "
+                        "speaker (utt2spk), or Kaldi's own statistics in DATA_DIR/cmvn.scp "
+                        "(default none); the corpus-wide normalisation follows in every case")
+    k.add_argument("--cmvn-vars", action="store_true", help="with --cmvn: also divide by the "
+                   "standard deviation (Kaldi's apply-cmvn --norm-vars)")
+    k.add_argument("--allow-pipes", action="store_true", help="run the shell commands of "
+                   "wav.scp/feats.scp lines ending in '|' (as Kaldi does) and read their "
+                   "output; refused by default: only for tables you trust")
     _feature_args(k)
     k.set_defaults(fn=_corpus)
     lh = sub.add_parser("lhotse", help="a Lhotse cut set (.jsonl.gz) → normalised features .nc",
