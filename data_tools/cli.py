@@ -231,9 +231,6 @@ def _rnnlib_config(a):
 
 def _ngram(a):
     from .ngram import build, sentences, write_arpa
-    import os
-    if not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
-        raise UserError(f"--out {a.out}: its folder does not exist")
     sents = sentences(a.text, chars=a.chars, space_token=a.space_token)
     ng = build(sents, a.order, a.smoothing, a.discount_fallback)
     write_arpa(ng, a.out)
@@ -432,6 +429,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# commands whose --out is one file, and the arguments that name their input files
+FILE_OUTPUTS = ("synth", "audio", "kaldi", "lhotse", "convert", "ngram", "images",
+                "faker-text")
+INPUT_ARGS = ("list", "text", "inputs", "stats", "cuts", "exclude", "config")
+
+
+def _checked(a):
+    """The command, after --out is checked before any work (fsutil.check_output: not a
+    folder, its folder exists and is writable, not one of the command's inputs)."""
+    if a.cmd in FILE_OUTPUTS:
+        from rnntrain.fsutil import check_output
+        inputs = []
+        for k in INPUT_ARGS:
+            v = getattr(a, k, None)
+            inputs += v if isinstance(v, list) else [v] if v else []
+        check_output(a.out, inputs)
+    return a.fn(a)
+
+
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
-    return run_main("rnntrain-data", a.cmd, a.fn, a)
+    return run_main("rnntrain-data", a.cmd, _checked, a)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Iterable, Literal
 
 from rnntrain.errors import UserError
+from rnntrain.fsutil import atomic_write
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 FALLBACK = (0.5, 1.0, 1.5)
@@ -151,7 +152,4 @@ def write_arpa(ngrams: dict[int, dict[tuple, tuple[float, float]]], path) -> Non
             lines.append(f"{lp:.7g}\t{' '.join(g)}" + (f"\t{bw:.7g}" if has_bow else ""))
         lines.append("")
     lines.append("\\end\\")
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    atomic_write(path, "\n".join(lines) + "\n")  # the whole model or nothing

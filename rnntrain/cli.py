@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from rnntrain.cli_args import (Parser, non_negative_int, run_main, split_overrides,
@@ -119,8 +118,10 @@ def _cmd_eval(args) -> int:
 
 
 def _cmd_decode(args) -> int:
-    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
-        raise UserError(f"--out {args.out}: its folder does not exist")  # before decoding
+    if args.out:  # before decoding: a folder, a missing folder, an input given as --out
+        from rnntrain.fsutil import check_output
+        from rnntrain.infer.model import resolve  # a run folder: its best.pt is an input
+        check_output(args.out, [resolve(args.checkpoint), args.data])
     import numpy as np
     from rnntrain.run.evaluate import evaluate
     cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device,
@@ -142,19 +143,22 @@ def _cmd_decode(args) -> int:
     try:  # an interrupted decode never leaves a partial file under the name
         atomic_write(args.out, "".join(lines))
     except OSError as e:
-        raise UserError(f"cannot write {args.out} ({e.strerror})") from None
+        raise UserError(f"--out {args.out}: cannot write it ({e.strerror or e})") from None
     return 0
 
 
 def _cmd_transcribe(args) -> int:
-    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
-        raise UserError(f"--out {args.out}: its folder does not exist")
     if args.threads < 0:
         raise UserError("--threads must be >= 0")
     from rnntrain.decode.options import decoder_from_args
     from rnntrain.infer.api import load
     from rnntrain.infer.transcribe import expand, transcribe
-    expand(args.inputs)  # every input exists and is of a known kind, before the model loads
+    sources = expand(args.inputs)  # each exists and is of a known kind, before the model loads
+    if args.out:  # a folder, a missing folder, an input (or the model) given as --out
+        from rnntrain.fsutil import check_output
+        from rnntrain.infer.model import resolve  # a run folder: its best.pt is an input
+        check_output(args.out, [resolve(args.model), *args.inputs,
+                                *(s.path for s in sources)])
     from rnntrain.compute.pool import usable_cores
     threads = args.threads or usable_cores()
     # ONNX Runtime: one intra-op thread per worker thread, as for torch
@@ -164,14 +168,11 @@ def _cmd_transcribe(args) -> int:
     if not args.out:
         transcribe(model, args.inputs, decoder, threads, args.json, sys.stdout)
         return 0
-    tmp = f"{args.out}.tmp{os.getpid()}"  # no partial file under the name if interrupted
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            n = transcribe(model, args.inputs, decoder, threads, args.json, fh)
-        os.replace(tmp, args.out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    import io
+    from rnntrain.fsutil import open_output
+    # a file: no partial file under the name if interrupted; a pipe: lines as they come
+    with open_output(args.out) as raw, io.TextIOWrapper(raw, encoding="utf-8") as fh:
+        n = transcribe(model, args.inputs, decoder, threads, args.json, fh)
     print(f"wrote {n} lines to {args.out}", file=sys.stderr)
     return 0
 
@@ -183,7 +184,8 @@ def _cmd_export(args) -> int:
     from rnntrain.infer.api import load
     from rnntrain.infer.export import check_out
     from rnntrain.infer.transcribe import expand
-    check_out(args.out)  # before the model loads and the export runs
+    from rnntrain.infer.model import resolve  # a run folder: its best.pt is the input
+    check_out(args.out, [resolve(args.model)])  # before the model loads and the export runs
     model = load(args.model)
     if args.check:  # real utterances to check the export on
         frames = [model.frames(s.path) for s in expand(args.check)[:8] if s.kind == "file"]

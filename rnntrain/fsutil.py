@@ -14,13 +14,24 @@ block forever, /dev/zero never ends: see ``rnntrain.errors.file_problem``) of at
 ``limit`` bytes, and a text that is not UTF-8 is named with its line.
 
 Temporary names are ``.NAME.tmpPID`` (hidden, and unique per process so that two writers
-of the same file never share one); ``stale_temps`` finds those a killed process left.
+of the same file never share one); ``stale_temps`` finds those a killed process left, and
+the next write of the same file removes those of dead processes.
+
+An output a user names (``--out``) never destroys what it points at (``write_target``,
+``check_output``): a symlink is followed and its target replaced, a FIFO or device
+(``/dev/null``, ``--out >(cmd)``) is written through, a folder or block device is refused,
+and an output that is also an input is refused before any work.
 """
 from __future__ import annotations
 
+import errno
+import glob
 import hashlib
 import os
-from collections.abc import Callable, Iterator
+import shutil
+import stat
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Union
@@ -73,6 +84,34 @@ def stale_temps(folder, name_glob: str = "*") -> list[Path]:
     return sorted(folder.glob(f".{name_glob}.tmp*")) if folder.is_dir() else []
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: alive, another user's
+        return True
+    return True
+
+
+def remove_dead_temps(path) -> list[Path]:
+    """Remove the temporary files of ``path`` (``.NAME.tmpPID``) whose process is gone:
+    what an export or a conversion killed mid-write left beside its output. The next
+    write of the same output calls this, so no such file outlives one more run. A temp
+    file of a live process (this one included) is kept: it is a write in progress.
+    (A writer of the same name on another host of a shared file system is not seen; two
+    writers of one output race anyway.) Returns the files removed."""
+    path = Path(path)
+    gone = []
+    for p in stale_temps(path.parent, glob.escape(path.name)):
+        tail = p.name[len(path.name) + 5:]  # after ".NAME.tmp"
+        if tail.isdigit() and int(tail) != os.getpid() and not _pid_alive(int(tail)) \
+                and p.is_file() and not p.is_symlink():
+            p.unlink(missing_ok=True)
+            gone.append(p)
+    return gone
+
+
 def fsync_dir(folder):
     """Make a rename (or a new file) in ``folder`` durable. A no-op where folders cannot
     be opened (Windows)."""
@@ -101,30 +140,203 @@ def commit(tmp, path, before_rename: Callable[[], None] | None = None):
     fsync_dir(Path(path).parent)
 
 
+# ---- where an output goes
+
+def write_target(path) -> tuple[Path, bool]:
+    """(the file to write for the output ``path``, True when it is written through).
+
+    - a symlink is followed: its target is replaced atomically, the link stays;
+    - an existing FIFO or character device (``/dev/null``, ``/dev/stdout``, the pipe of
+      ``--out >(cmd)``, ``/dev/fd/N``) is written through: opened and written as it is,
+      never replaced by a regular file;
+    - a folder, a block device or a socket is refused (UserError, one line);
+    - anything else (a regular file, a new name) is replaced atomically.
+    """
+    path = Path(path)
+    target = Path(os.path.realpath(path)) if path.is_symlink() else path
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return target, False
+    except OSError as e:
+        raise UserError(f"{path}: cannot write it ({e.strerror or e})") from None
+    if stat.S_ISREG(mode):
+        return target, False
+    if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
+        return target, True
+    kind = "a folder; give a file name" if stat.S_ISDIR(mode) else \
+        "a block device (a disk): refused" if stat.S_ISBLK(mode) else "not a file: refused"
+    raise UserError(f"{path}: is {kind}")
+
+
+def same_file(a, b) -> bool:
+    """Whether ``a`` and ``b`` are one file (same device and inode; links followed)."""
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def check_output(path, inputs: Iterable = (), what: str = "--out") -> Path:
+    """Refuse, before any work, an output that cannot be written or would destroy what
+    it points at: a folder, a block device, a missing folder, an unwritable folder, or a
+    file that is also one of ``inputs`` (same inode: a hard link or symlink counts). One
+    UserError line naming the option and the path. Returns ``Path(path)``."""
+    path = Path(path)
+    try:
+        target, through = write_target(path)
+    except UserError as e:
+        raise UserError(f"{what} {e}") from None
+    for src in inputs:
+        if src is not None and same_file(src, target):
+            same = "" if str(src) == str(path) else f" ({src})"
+            raise UserError(f"{what} {path}: is also an input{same}; writing it would "
+                            "destroy it: choose another name")
+    if through:
+        return path
+    if not target.parent.is_dir():
+        raise UserError(f"{what} {path}: its folder does not exist")
+    probe = temp_path(target)
+    try:  # the folder is writable: create and remove the temp file the write will use
+        with open(probe, "xb"):
+            pass
+        probe.unlink()
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise UserError(f"{what} {path}: cannot write in {target.parent} "
+                        f"({e.strerror or e})") from None
+    return path
+
+
+@contextmanager
+def _open_through(target: Path, what) -> Iterator[IO[bytes]]:
+    """A FIFO or device opened for writing as it is. A FIFO nobody reads is refused
+    instead of blocking forever (the open would wait for a reader)."""
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            raise UserError(f"{what}: a FIFO (named pipe) that no process reads; start "
+                            "its reader first") from None
+        raise
+    os.set_blocking(fd, True)
+    with os.fdopen(fd, "wb") as fh:
+        yield fh
+
+
+class _Recorder:
+    """The file handed to a writer callback: remembers the OSError of a failed write,
+    which libraries like torch.save turn into a RuntimeError without the errno
+    (``[enforce fail at inline_container.cc] unexpected pos``)."""
+
+    def __init__(self, fh: IO[bytes]):
+        self.fh, self.error = fh, None
+
+    def write(self, b) -> int:
+        try:
+            return self.fh.write(b)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self.fh, name)
+
+
+def _write_payload(fh: IO[bytes], data: "Payload", path):
+    if not callable(data):
+        fh.write(data.encode() if isinstance(data, str) else data)
+        return
+    rec = _Recorder(fh)
+    try:
+        data(rec)
+    except OSError:
+        raise
+    except Exception:
+        if rec.error is not None:  # the write failure under the library's error
+            e = rec.error
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        raise
+
+
+class PendingWrite:
+    """A write of ``path`` in progress, for writers that cannot use a ``with`` block (a
+    NetCDF writer open across calls): write the file ``tmp``, then ``commit()`` (it
+    replaces ``path``) or ``abort()`` (it removes ``tmp``; ``path`` untouched).
+
+    ``path`` as ``write_target`` says: a symlink's target is replaced (the link stays); a
+    FIFO or device gets the finished file's bytes written through (``tmp`` then lies in
+    the system's temp folder); a folder is refused. Temporary files of ``path`` left by
+    dead processes are removed first (``remove_dead_temps``)."""
+
+    def __init__(self, path, before_rename: Callable[[], None] | None = None):
+        self.path = path
+        self.target, self.through = write_target(path)
+        self.before_rename = before_rename
+        if self.through:
+            fd, name = tempfile.mkstemp(suffix=self.target.suffix)
+            os.close(fd)
+            self.tmp = Path(name)
+        else:
+            remove_dead_temps(self.target)
+            self.tmp = temp_path(self.target)
+
+    def commit(self):
+        try:
+            if self.through:
+                with open(self.tmp, "rb") as src, _open_through(self.target, self.path) as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+                self.tmp.unlink()
+            else:
+                commit(self.tmp, self.target, self.before_rename)
+        except BaseException:
+            self.abort()
+            raise
+
+    def abort(self):
+        self.tmp.unlink(missing_ok=True)
+
+
 @contextmanager
 def atomic_path(path, before_rename: Callable[[], None] | None = None) -> Iterator[Path]:
     """``with atomic_path(p) as tmp:`` write the file ``tmp`` by any means (a library that
     wants a file name); on leaving the block it replaces ``p`` (see ``commit``). On an
-    exception (or Ctrl-C) the temporary file is removed and ``p`` is untouched."""
-    path = Path(path)
-    tmp = temp_path(path)
+    exception (or Ctrl-C) the temporary file is removed and ``p`` is untouched. ``p`` as
+    ``PendingWrite`` takes it (symlinks followed, FIFOs and devices written through)."""
+    w = PendingWrite(path, before_rename)
     try:
-        yield tmp
-        commit(tmp, path, before_rename)
+        yield w.tmp
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        w.abort()
         raise
+    w.commit()
+
+
+@contextmanager
+def open_output(path, before_rename: Callable[[], None] | None = None) -> Iterator[IO[bytes]]:
+    """``with open_output(p) as fh:`` a binary file for ``p``: a FIFO or device is written
+    as the bytes come (a pipe's reader sees lines as they are made); anything else goes
+    through ``atomic_path`` (the whole file or nothing under the name)."""
+    target, through = write_target(path)
+    if through:
+        with _open_through(target, path) as fh:
+            yield fh
+        return
+    with atomic_path(target, before_rename) as tmp:
+        with open(tmp, "wb") as fh:
+            yield fh
 
 
 def atomic_write(path, data: Payload, before_rename: Callable[[], None] | None = None):
     """Replace ``path`` with ``data`` (bytes; str, written as UTF-8; or a callable that
-    writes to the open binary file) so that the file is either the old or the new one."""
-    with atomic_path(path, before_rename) as tmp:
-        with open(tmp, "wb") as fh:
-            if callable(data):
-                data(fh)
-            else:
-                fh.write(data.encode() if isinstance(data, str) else data)
+    writes to the open binary file) so that the file is either the old or the new one
+    (``path`` as ``atomic_path`` takes it: symlinks followed, FIFOs and devices written
+    through). A failed write surfaces as the OSError (errno, strerror, path), also when
+    the callable's library reported it as something else."""
+    with open_output(path, before_rename) as fh:
+        _write_payload(fh, data, path)
 
 
 def sha256_file(path, block: int = 1 << 20) -> str:

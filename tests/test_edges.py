@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -411,6 +412,38 @@ def test_full_disk_names_the_file_and_leaves_no_temp(tmp_path):
     assert not (tmp_path / "run" / "config.toml").exists()
 
 
+FULL_CKPT = """
+import sys, torch
+from rnntrain.errors import UserError
+from rnntrain.run.checkpoint import save_atomic
+try:
+    save_atomic({"model": torch.zeros(10**6)}, sys.argv[1])
+except UserError as e:
+    print("ERR", e)
+"""
+
+
+def test_checkpoint_on_a_full_disk_says_file_too_large_naming_the_path(tmp_path):
+    """torch.save hides the write error in '[enforce fail at inline_container.cc]';
+    the line must name the path and the condition (EFBIG under RLIMIT_FSIZE: what
+    ENOSPC does, made deterministic; both come through the same OSError)."""
+    import resource
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100000, 100000))
+    (tmp_path / "step-1.pt").write_bytes(b"previous checkpoint")
+    p = subprocess.run([sys.executable, "-c", FULL_CKPT, str(tmp_path / "step-2.pt")],
+                       cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                       capture_output=True, text=True, timeout=120, preexec_fn=limit)
+    out = p.stdout.strip()
+    assert out.startswith(f"ERR cannot write checkpoint {tmp_path / 'step-2.pt'} (File too "
+                          "large; "), p
+    assert "enforce fail" not in out and "are intact" in out
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["step-1.pt"]
+    assert (tmp_path / "step-1.pt").read_bytes() == b"previous checkpoint"
+
+
 # ---------------------------------------------------------------- values
 
 @pytest.mark.parametrize("lr", ["inf", "nan", "-0.1", "0"])
@@ -565,3 +598,83 @@ def test_audio_list_not_utf8_or_fifo(tmp_path):
     os.mkfifo(fifo)
     with alarm(10), pytest.raises(UserError, match="FIFO"):
         read_list(fifo)
+
+
+# ---------------------------------------------------------------- outputs (--out)
+
+def test_out_never_destroys_what_it_points_at(tmp_path, tiny_run):
+    """transcribe, decode, export and rnntrain-data ngram through fsutil's output helper:
+    a symlink is written through to its target (the link stays), /dev/null and a FIFO
+    with a reader are written through (they stay what they are), a folder, a FIFO nobody
+    reads and an output that is also an input are one line and exit 2, destroying
+    nothing and leaving no temp file; a dead export's temp file is removed."""
+    data, _, run = tiny_run
+    data_bytes = data.read_bytes()
+    best = run / "checkpoints" / "best.pt"
+    best_bytes = best.read_bytes()
+    real, link = tmp_path / "real.tsv", tmp_path / "link.tsv"
+    real.write_text("old")
+    link.symlink_to(real)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    lonely, read = tmp_path / "lonely.fifo", tmp_path / "read.fifo"
+    os.mkfifo(lonely)
+    os.mkfifo(read)
+    got: list[bytes] = []
+
+    def reader():
+        with open(read, "rb") as fh:
+            got.append(fh.read())
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    onnx_link, onnx_real = tmp_path / "m.onnx", tmp_path / "store" / "m.onnx"
+    onnx_real.parent.mkdir()
+    onnx_link.symlink_to(onnx_real)
+    stale = onnx_real.parent / f".m.onnx.tmp{dead}"    # an export killed mid-write
+    stale.write_bytes(b"half")
+    text = tmp_path / "lm.txt"
+    text.write_text("a b\nb a\n")
+    T = ("rnntrain", "transcribe", run, data, "--out")
+    D = ("rnntrain", "decode", run, data, "--out")
+    cases = {
+        "t-link": (*T, link), "t-null": (*T, "/dev/null"), "t-fifo": (*T, read),
+        "t-folder": (*T, folder), "t-input": (*T, data), "t-lonely": (*T, lonely),
+        "t-model": (*T, best),
+        "d-link": (*D, link), "d-folder": (*D, folder), "d-input": (*D, data),
+        "x-link": ("rnntrain", "export", run, "--format", "onnx", "--out", onnx_link),
+        "x-input": ("rnntrain", "export", best, "--format", "onnx", "--out", best),
+        "x-null": ("rnntrain", "export", run, "--format", "onnx", "--out", "/dev/null"),
+        "n-input": ("data_tools", "ngram", text, "--out", text),
+    }
+    with alarm(280):
+        res = dict(zip(cases, run_cli_batch(list(cases.values()), timeout=270)))
+    t.join(10)
+    for k in ("t-link", "t-null", "t-fifo", "d-link", "x-link", "x-null"):
+        assert res[k].returncode == 0, (k, res[k].stderr[-2000:])
+    assert_clean_error(res["t-folder"], str(folder), "is a folder; give a file name")
+    assert_clean_error(res["d-folder"], str(folder), "is a folder; give a file name")
+    for k in ("t-input", "d-input"):
+        assert_clean_error(res[k], str(data), "is also an input")
+    assert_clean_error(res["t-model"], str(best), "is also an input")
+    assert_clean_error(res["x-input"], str(best), "is also an input")
+    n = res["n-input"]
+    assert n.returncode == 2 and "Traceback" not in n.stderr and \
+        n.stderr.strip().splitlines()[-1] == f"rnntrain-data ngram: error: --out {text}: is " \
+        "also an input; writing it would destroy it: choose another name", n.stderr
+    assert_clean_error(res["t-lonely"], str(lonely), "FIFO", "no process reads")
+    # nothing destroyed
+    assert data.read_bytes() == data_bytes and best.read_bytes() == best_bytes
+    assert text.read_text() == "a b\nb a\n"
+    assert link.is_symlink() and real.read_text().count("\n") == 6  # the decode's 6 lines
+    assert onnx_link.is_symlink() and onnx_real.stat().st_size > 1000
+    assert not stale.exists(), "the dead export's temp file was left"
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    assert stat.S_ISFIFO(os.stat(read).st_mode) and stat.S_ISFIFO(os.stat(lonely).st_mode)
+    assert got and got[0].count(b"\n") == 6, got     # transcribe's lines reached the reader
+    assert list(folder.iterdir()) == []
+    left = [p.name for p in tmp_path.rglob(".*tmp*")] + \
+        [p.name for p in data.parent.glob(".*tmp*")]
+    assert not left, left
+

@@ -1,15 +1,21 @@
 """fsutil.atomic_write: the target is the old file or the new one, never a temp left over."""
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import stat
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
-from rnntrain.fsutil import atomic_path, atomic_write, stale_temps, temp_path
+from rnntrain.errors import UserError
+from rnntrain.fsutil import (atomic_path, atomic_write, check_output, open_output,
+                             stale_temps, temp_path)
+from tests.test_fuzz import alarm
 
 
 def listing(folder):
@@ -113,3 +119,110 @@ def test_killed_writer_leaves_old_or_new_never_partial(tmp_path):
 def _env():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return dict(os.environ, PYTHONPATH=root)
+
+
+# ---------------------------------------------------------------- outputs a user names
+
+def test_symlink_output_replaces_its_target_and_keeps_the_link(tmp_path):
+    real = tmp_path / "real.txt"
+    real.write_text("old")
+    link = tmp_path / "link.txt"
+    link.symlink_to(real)
+    atomic_write(link, "new")
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert real.read_text() == "new" and listing(tmp_path) == ["link.txt", "real.txt"]
+
+
+def test_dev_null_is_written_through_not_replaced():
+    before = os.stat("/dev/null")
+    atomic_write("/dev/null", b"discarded")
+    with atomic_path("/dev/null") as tmp:   # writers that want a name: a temp file elsewhere
+        assert not str(tmp).startswith("/dev/")
+        tmp.write_bytes(b"discarded too")
+    after = os.stat("/dev/null")
+    assert stat.S_ISCHR(after.st_mode) and (after.st_ino, after.st_rdev) == \
+        (before.st_ino, before.st_rdev)
+
+
+def _fifo_reader(fifo, got):
+    with open(fifo, "rb") as fh:   # blocks until the writer opens: this thread, not the test
+        got.append(fh.read())
+
+
+def test_fifo_with_a_reader_gets_the_bytes_and_stays_a_fifo(tmp_path):
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    t = threading.Thread(target=_fifo_reader, args=(fifo, got), daemon=True)
+    t.start()
+    time.sleep(0.2)   # the reader is waiting in open()
+    with alarm(20):
+        with open_output(fifo) as fh:
+            fh.write(b"line 1\n")
+            fh.write(b"line 2\n")
+    t.join(20)
+    assert got == [b"line 1\nline 2\n"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert listing(tmp_path) == ["out.fifo"]
+
+
+def test_fifo_nobody_reads_is_refused_not_a_hang(tmp_path):
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    with alarm(20), pytest.raises(UserError, match="no process reads"):
+        atomic_write(fifo, b"x")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and listing(tmp_path) == ["out.fifo"]
+
+
+def test_folder_output_refused_without_a_temp_file(tmp_path):
+    (tmp_path / "d").mkdir()
+    for call in (lambda: atomic_write(tmp_path / "d", b"x"),
+                 lambda: check_output(tmp_path / "d")):
+        with pytest.raises(UserError, match="is a folder; give a file name"):
+            call()
+    assert listing(tmp_path) == ["d"] and listing(tmp_path / "d") == []
+
+
+def test_output_that_is_an_input_is_refused(tmp_path):
+    data = tmp_path / "in.npy"
+    data.write_bytes(b"input bytes")
+    (tmp_path / "alias.npy").symlink_to(data)
+    os.link(data, tmp_path / "hard.npy")
+    for out in (data, tmp_path / "alias.npy", tmp_path / "hard.npy"):
+        with pytest.raises(UserError, match="is also an input"):
+            check_output(out, [str(data)])
+    assert data.read_bytes() == b"input bytes"
+    check_output(tmp_path / "other.npy", [str(data)])   # a new name is fine
+
+
+def test_dead_writers_temp_removed_by_the_next_write(tmp_path):
+    """A writer killed mid-write leaves .NAME.tmpPID; the next write of NAME removes it
+    when PID is dead, keeps it when the process lives (a write in progress)."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    stale = tmp_path / f".m.onnx.tmp{dead}"
+    stale.write_bytes(b"half an export")
+    live = tmp_path / f".m.onnx.tmp{os.getppid()}"  # our parent: alive
+    live.write_bytes(b"in progress")
+    other = tmp_path / f".other.onnx.tmp{dead}"      # another output's: not ours to judge
+    other.write_bytes(b"x")
+    atomic_write(tmp_path / "m.onnx", b"model")
+    assert listing(tmp_path) == sorted([live.name, other.name, "m.onnx"])
+
+
+def test_write_error_hidden_by_a_library_surfaces_as_the_oserror(tmp_path):
+    """torch.save reports a failed write as RuntimeError('[enforce fail at
+    inline_container.cc] unexpected pos'); under a file-size limit (RLIMIT_FSIZE, EFBIG:
+    what a full disk does, deterministically) the helper raises the real OSError."""
+    code = ("import resource, signal, sys, torch\n"
+            "from rnntrain.fsutil import atomic_write\n"
+            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (100000, 100000))\n"
+            "try:\n"
+            "    atomic_write(sys.argv[1], lambda fh: torch.save(torch.zeros(10**6), fh))\n"
+            "except OSError as e:\n"
+            "    print('ERR', e.errno, e.filename)\n")
+    target = tmp_path / "ck.pt"
+    r = subprocess.run([sys.executable, "-c", code, str(target)], env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ["ERR", str(errno.EFBIG), str(target)], r.stderr[-2000:]
+    assert listing(tmp_path) == []

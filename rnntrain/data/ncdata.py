@@ -40,7 +40,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from rnntrain.errors import DataError, file_problem
-from rnntrain.fsutil import commit, temp_path
+from rnntrain.fsutil import PendingWrite
 
 NC_LOCK = threading.RLock()
 
@@ -389,10 +389,12 @@ class NcWriter:
             assert heights.shape == lengths.shape
             rows = lengths * heights
         self.path = Path(path)
-        self.tmp = temp_path(self.path)  # the netCDF library writes by name: see close()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # the netCDF library writes by name: a temp file, committed in close()
+        self.pending = PendingWrite(self.path)
+        self.tmp = self.pending.tmp
         self.total, self.row, self.seq = int(rows.sum()), 0, 0
         self.lengths = lengths
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         with NC_LOCK:
             ds = self.ds = _nc().Dataset(str(self.tmp), "w", format=fmt)
             ds.createDimension("numSeqs", n)
@@ -432,13 +434,9 @@ class NcWriter:
             self.abort()
             raise
         if self.row != self.total:
-            self.tmp.unlink(missing_ok=True)
+            self.pending.abort()
             raise AssertionError(f"wrote {self.row} of {self.total} frames")
-        try:
-            commit(self.tmp, self.path)  # fsync, rename, fsync the folder (fsutil)
-        except BaseException:
-            self.tmp.unlink(missing_ok=True)
-            raise
+        self.pending.commit()  # fsync, rename, fsync the folder (fsutil)
 
     def abort(self):
         with NC_LOCK:
@@ -447,7 +445,7 @@ class NcWriter:
                     self.ds.close()
                 except Exception:  # broken (e.g. disk full): the temp file is removed anyway
                     _leak(self.ds)
-        self.tmp.unlink(missing_ok=True)
+        self.pending.abort()
 
     def __enter__(self):
         return self

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from rnntrain.errors import UserError
+from rnntrain.fsutil import atomic_path, check_output
 
 FORMATS = ("torchscript", "onnx")
 TOLERANCE = 1e-4
@@ -119,26 +120,29 @@ def export(model, out, fmt: str, check_frames: list[np.ndarray] | None = None) -
     if not check_frames:
         check_frames = training_frames(model)[0]
     x, lengths = check_inputs(model, check_frames)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    import dataclasses
+    # the checkpoint's file name, not its absolute path: the file travels to other machines
+    meta = dataclasses.replace(model.meta, source=Path(model.meta.source).name)
     try:
-        with torch.no_grad():
-            if fmt == "torchscript":
-                with warnings.catch_warnings():
-                    # torch 2.13 deprecates TorchScript in favour of torch.export, whose
-                    # files need torch to run too; TorchScript still runs from C++
-                    # (libtorch) without Python, which is what this format is for
-                    warnings.simplefilter("ignore", DeprecationWarning)
-                    scripted = torch.jit.script(graph)
-                    torch.jit.save(scripted, str(tmp),
-                                   _extra_files={EXPORT_META: model.meta.to_json()})
-            else:
-                _write_onnx(graph, tmp, model.meta)
-        # the check runs on the written file, through the same loader users get
-        diff = check(model.engine, open_model(tmp)[2], x, lengths)
-        if not diff <= TOLERANCE:
-            raise UserError(f"{out}: the {fmt} export differs from the model by {diff:.2e} "
-                            f"(more than {TOLERANCE:g}) in log-probability; not written")
-        os.replace(tmp, out)
+        with atomic_path(out) as tmp:  # nothing under the name unless it checks out
+            with torch.no_grad():
+                if fmt == "torchscript":
+                    with warnings.catch_warnings():
+                        # torch 2.13 deprecates TorchScript in favour of torch.export, whose
+                        # files need torch to run too; TorchScript still runs from C++
+                        # (libtorch) without Python, which is what this format is for
+                        warnings.simplefilter("ignore", DeprecationWarning)
+                        scripted = torch.jit.script(graph)
+                        torch.jit.save(scripted, str(tmp),
+                                       _extra_files={EXPORT_META: meta.to_json()})
+                else:
+                    _write_onnx(graph, tmp, meta)
+            # the check runs on the written file, through the same loader users get
+            diff = check(model.engine, open_model(tmp)[2], x, lengths)
+            if not diff <= TOLERANCE:
+                raise UserError(f"{out}: the {fmt} export differs from the model by "
+                                f"{diff:.2e} (more than {TOLERANCE:g}) in log-probability; "
+                                "not written")
     except OSError as e:  # a write that fails midway: disk full, the folder removed
         raise UserError(f"--out {out}: cannot write it ({e.strerror or e})") from None
     except RuntimeError as e:
@@ -146,27 +150,13 @@ def export(model, out, fmt: str, check_frames: list[np.ndarray] | None = None) -
             raise
         raise UserError(f"--out {out}: cannot write it ({str(e).splitlines()[0][:200]})") \
             from None
-    finally:
-        tmp.unlink(missing_ok=True)
     return out
 
 
-def check_out(out) -> Path:
-    """``--out``: a file name in an existing, writable folder (one line otherwise), checked
-    before any work by creating and removing the temporary file the export is written to."""
-    out = Path(out)
-    if out.is_dir():
-        raise UserError(f"--out {out}: is a folder; give a file name (e.g. {out / 'model.onnx'})")
-    if not out.parent.is_dir():
-        raise UserError(f"--out {out}: its folder does not exist")
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb"):
-            pass
-        tmp.unlink()
-    except OSError as e:
-        raise UserError(f"--out {out}: cannot write in {out.parent} ({e.strerror})") from None
-    return out
+def check_out(out, inputs=()) -> Path:
+    """``--out``: a file name in an existing, writable folder, not a folder and not one of
+    ``inputs`` (one line otherwise; fsutil.check_output), checked before any work."""
+    return check_output(out, inputs)
 
 
 def check(reference, exported, x: np.ndarray, lengths: np.ndarray) -> float:
