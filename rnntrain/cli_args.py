@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import math
 import os
 import re
 import sys
@@ -48,7 +49,7 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-def _number(kind, test, what):
+def number_arg(kind, test, what):
     def check(text: str):
         try:
             v = kind(text)
@@ -61,10 +62,11 @@ def _number(kind, test, what):
     return check
 
 
-positive_int = _number(int, lambda v: v > 0, "> 0")
-non_negative_int = _number(int, lambda v: v >= 0, ">= 0")
-positive_float = _number(float, lambda v: v > 0 and v != float("inf"), "> 0")
-non_negative_float = _number(float, lambda v: v >= 0 and v != float("inf"), ">= 0")
+positive_int = number_arg(int, lambda v: v > 0, "> 0")
+non_negative_int = number_arg(int, lambda v: v >= 0, ">= 0")
+positive_float = number_arg(float, lambda v: v > 0 and v != float("inf"), "> 0")
+non_negative_float = number_arg(float, lambda v: v >= 0 and v != float("inf"), ">= 0")
+finite_float = number_arg(float, math.isfinite, "a finite number")  # not nan, inf
 
 
 # ---- overrides

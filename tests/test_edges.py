@@ -678,3 +678,68 @@ def test_out_never_destroys_what_it_points_at(tmp_path, tiny_run):
         [p.name for p in data.parent.glob(".*tmp*")]
     assert not left, left
 
+
+# ---------------------------------------------------------------- decoding inputs
+
+def _arpa(unigrams: list[str], bigram_lines: list[str] = (), end: bool = True) -> str:
+    order = 2 if bigram_lines else 1
+    head = ["\\data\\", f"ngram 1={len(unigrams)}"] + \
+        ([f"ngram 2={len(bigram_lines)}"] if bigram_lines else []) + ["", "\\1-grams:"]
+    body = unigrams + ([""] + ["\\2-grams:"] + list(bigram_lines) if order == 2 else [])
+    return "\n".join(head + body + ([""] + ["\\end\\"] if end else [])) + "\n"
+
+
+def test_model_lm_and_lexicon_fifo_or_endless_refused_and_arpa_checked(tmp_path, tiny_run):
+    """The MODEL of transcribe and export, --lm and --lexicon go through the same
+    "regular file" check as the data (a FIFO would block, /dev/zero never end); NaN or
+    Inf in an ARPA file and a file without \\end\\ are refused naming the line; nan/inf
+    decoding weights and an absurd --beam are refused. One line, exit 2, each."""
+    from tests.badinput import LABELS
+    data, _, run = tiny_run
+    fifo = tmp_path / "x.fifo"
+    os.mkfifo(fifo)
+    a, b, c = LABELS
+    uni = [f"-0.6\t{a}\t-0.2", f"-0.6\t{b}\t-0.2", f"-0.6\t{c}", "-99\t<s>\t-0.3",
+           "-0.7\t</s>", "-1.5\t<unk>"]
+    good = tmp_path / "good.arpa"
+    good.write_text(_arpa(uni, [f"-0.3\t{a} {b}"]))
+    bad = {
+        "nan-p": (_arpa(uni, [f"nan\t{a} {b}"]), "line 14: log10 P is nan"),
+        "inf-bow": (_arpa([f"-0.6\t{a}\tinf"] + uni[1:], [f"-0.3\t{a} {b}"]),
+                    "line 6: the back-off weight is inf"),
+        "neg-inf-p": (_arpa(uni[:2] + [f"-inf\t{c}"] + uni[3:]), "line 7: log10 P is -inf"),
+        "no-end": (_arpa(uni, [f"-0.3\t{a} {b}"], end=False), "no \\end\\ line"),
+    }
+    for name, (text, _) in bad.items():
+        (tmp_path / f"{name}.arpa").write_text(text)
+    E = ("rnntrain", "eval", run, data)
+    cases = {
+        "t-model-fifo": (("rnntrain", "transcribe", fifo, data), "model is a FIFO"),
+        "t-model-zero": (("rnntrain", "transcribe", "/dev/zero", data), "model is a device"),
+        "x-model-fifo": (("rnntrain", "export", fifo, "--format", "onnx", "--out",
+                          tmp_path / "m.onnx"), "model is a FIFO"),
+        "lm-fifo": ((*E, "--lm", fifo), "language model is a FIFO"),
+        "lm-zero": ((*E, "--lm", "/dev/zero"), "language model is a device"),
+        "lexicon-fifo": ((*E, "--lexicon", fifo, "--space", a), "lexicon is a FIFO"),
+        **{f"arpa-{k}": ((*E, "--lm", tmp_path / f"{k}.arpa"), want)
+           for k, (_, want) in bad.items()},
+        "weight-nan": ((*E, "--lm", good, "--lm-weight", "nan"),
+                       "--lm-weight: nan must be a finite number"),
+        "bonus-inf": ((*E, "--lm", good, "--word-bonus", "inf"),
+                      "--word-bonus: inf must be a finite number"),
+        "label-bonus": ((*E, "--beam", "4", "--label-bonus=-inf"),
+                        "--label-bonus: -inf must be a finite number"),
+        "beam-huge": ((*E, "--beam", "100000"), "--beam: 100000 must be between 0 and 1024"),
+        "good": ((*E, "--lm", good), None),
+    }
+    with alarm(280):
+        res = dict(zip(cases, run_cli_batch([c for c, _ in cases.values()], timeout=270)))
+    for k, (_, want) in cases.items():
+        if want is None:
+            assert res[k].returncode == 0, res[k].stderr[-2000:]
+        else:
+            msg = assert_clean_error(res[k], want)
+            assert res[k].stdout == "", k
+            if k.startswith("arpa-"):
+                assert str(tmp_path / f"{k[5:]}.arpa") in msg, msg
+    assert not (tmp_path / "m.onnx").exists() and stat.S_ISFIFO(os.stat(fifo).st_mode)

@@ -39,7 +39,7 @@ import numpy as np
 
 from rnntrain.decode.lm import UNK_FLOOR, ArpaLM, BOS, EOS, UNK
 from rnntrain.decode.search import best_path
-from rnntrain.errors import DataError, UserError
+from rnntrain.errors import DataError, UserError, check_regular_file
 
 try:  # numba is a dependency; without it the same functions run as (slow) Python
     from numba import njit
@@ -452,6 +452,10 @@ def read_lexicon(path, labels: Sequence[str], blank: int, space: int
     dictionaries). Blank lines and lines starting with '#' are ignored.
     """
     index = {name: k for k, name in enumerate(labels) if k not in (blank, space)}
+    if not os.path.exists(path):
+        raise DataError(path, "lexicon file not found")
+    # a FIFO would block the read, /dev/zero never end; a word list is not gigabytes
+    check_regular_file(path, "lexicon", max_bytes=1 << 30)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:

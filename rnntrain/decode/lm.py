@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import gzip
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from rnntrain.errors import DataError
+from rnntrain.errors import DataError, check_regular_file
 
 LN10 = math.log(10.0)
 # log P of a token the model does not know and that has no <unk> entry: ln(10^-10)
@@ -62,6 +63,10 @@ class ArpaLM:
     def load(cls, path) -> "ArpaLM":
         path = str(path)
         opener = gzip.open if path.endswith(".gz") else open
+        if not os.path.exists(path):
+            raise DataError(path, "language model file not found")
+        # a FIFO would block the read, /dev/zero never end
+        check_regular_file(path, "language model")
         try:
             with opener(path, "rt", encoding="utf-8") as fh:
                 lines = fh.read().splitlines()
@@ -140,7 +145,7 @@ def _parse(lines: list[str], path: str) -> dict[int, dict[tuple, tuple[float, fl
     counts: dict[int, int] = {}
     ngrams: dict[int, dict[tuple, tuple[float, float]]] = {}
     section = None
-    seen_data = False
+    seen_data = seen_end = False
     for ln, raw in enumerate(lines, 1):
         line = raw.strip()
         if not line:
@@ -149,6 +154,7 @@ def _parse(lines: list[str], path: str) -> dict[int, dict[tuple, tuple[float, fl
             seen_data, section = True, "data"
             continue
         if line == "\\end\\":
+            seen_end = True
             break
         if line.startswith("\\") and line.endswith("-grams:"):
             try:
@@ -177,10 +183,22 @@ def _parse(lines: list[str], path: str) -> dict[int, dict[tuple, tuple[float, fl
             b = float(parts[n + 1]) if len(parts) == n + 2 else 0.0
         except ValueError:
             raise DataError(path, f"line {ln}: not a number in '{line}'") from None
+        if not (math.isfinite(p) and math.isfinite(b)):
+            # NaN or Inf would silently change every hypothesis's score
+            what, word = ("log10 P", parts[0]) if not math.isfinite(p) else \
+                ("the back-off weight", parts[n + 1])
+            raise DataError(path, f"line {ln}: {what} is {word} in '{line}'; ARPA needs "
+                            "finite numbers (log10 of a zero probability is written -99)")
+        if p > 1e-6:
+            raise DataError(path, f"line {ln}: log10 P = {parts[0]} > 0, a probability "
+                            f"above 1 in '{line}'")
         # -99 is ARPA's log10(0) (e.g. P(<s>)): keep it finite and very small
         ngrams[n][tuple(parts[1:n + 1])] = (p * LN10, b * LN10)
     if not seen_data or not ngrams.get(1):
         raise DataError(path, "not an ARPA language model (no \\data\\ section or no 1-grams)")
+    if not seen_end:
+        raise DataError(path, "no \\end\\ line: the ARPA file is incomplete (truncated, or "
+                              "still being written)")
     for n, c in counts.items():
         if len(ngrams.get(n, {})) != c:
             raise DataError(path, f"the header says {c} {n}-grams, the file lists "

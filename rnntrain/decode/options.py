@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from rnntrain.cli_args import non_negative_int, positive_int
+from rnntrain.cli_args import finite_float, number_arg, positive_int
+
+MAX_BEAM = 1024
+# a beam of 100,000 searched for minutes without a word; the cost grows with the width and
+# widths past a few hundred do not change CTC hypotheses in practice
+beam_width = number_arg(int, lambda v: 0 <= v <= MAX_BEAM, f"between 0 and {MAX_BEAM} (a wider "
+                     "beam costs time in proportion and changes nothing; 8 to 64 is usual)")
 from rnntrain.errors import UserError
 
 
@@ -15,7 +21,7 @@ def add_decoder_arguments(p, default_threads: int = 0, threads: bool = True) -> 
     """The decoding options of ``eval``, ``decode``, ``tune-decoder`` (and any command that
     decodes): pass the parsed namespace to ``decoder_from_args``. ``threads`` False: the
     command has its own ``--threads`` (``transcribe``: utterances in parallel)."""
-    p.add_argument("--beam", type=non_negative_int, default=None,
+    p.add_argument("--beam", type=beam_width, default=None,
                    help="prefix beam search width (0 = best path; default 0, or 8 with "
                         "--lm/--lexicon)")
     p.add_argument("--lexicon", metavar="FILE", help="word list: hypotheses contain only "
@@ -24,10 +30,10 @@ def add_decoder_arguments(p, default_threads: int = 0, threads: bool = True) -> 
                    "error rates, lexicon, word-level LM)")
     p.add_argument("--lm", metavar="FILE", help="ARPA n-gram model (label- or word-level; "
                    "see rnntrain-data ngram)")
-    p.add_argument("--lm-weight", type=float, default=0.5, help="LM score weight (default 0.5)")
-    p.add_argument("--word-bonus", type=float, default=0.0,
+    p.add_argument("--lm-weight", type=finite_float, default=0.5, help="LM score weight (default 0.5)")
+    p.add_argument("--word-bonus", type=finite_float, default=0.0,
                    help="added per word (per label without --space); default 0")
-    p.add_argument("--label-bonus", type=float, default=0.0,
+    p.add_argument("--label-bonus", type=finite_float, default=0.0,
                    help="added per label, the separator included, with or without --space "
                         "(the insertion bonus of a character-level LM); default 0")
     if threads:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rnntrain.errors import UserError
+from rnntrain.errors import UserError, check_regular_file
 from rnntrain.frontend import FrontEnd
 from rnntrain.frontend.images import ImageFrontEnd
 
@@ -44,6 +44,7 @@ def resolve(path) -> Path:
     if not p.exists():
         raise UserError(f"{p}: model not found (a checkpoint, a run folder or an exported "
                         f"model)")
+    check_regular_file(p, "model")  # a FIFO would block the read, /dev/zero never end
     return p
 
 

@@ -8,6 +8,8 @@ weight and bonuses. Prints the table and the best setting.
 """
 from __future__ import annotations
 
+import math
+
 import json
 
 import numpy as np
@@ -24,6 +26,9 @@ def parse_grid(text: str, what: str) -> list[float]:
         raise UserError(f"{what} {text!r}: give comma-separated numbers, e.g. 0,0.5,1") from None
     if not vals:
         raise UserError(f"{what}: no values")
+    bad = [v for v in vals if not math.isfinite(v)]
+    if bad:  # nan would empty every hypothesis and still "win" the table
+        raise UserError(f"{what} {text!r}: {bad[0]} is not a finite number")
     return vals
 
 
