@@ -669,6 +669,9 @@ def test_out_never_destroys_what_it_points_at(tmp_path, tiny_run):
     assert text.read_text() == "a b\nb a\n"
     assert link.is_symlink() and real.read_text().count("\n") == 6  # the decode's 6 lines
     assert onnx_link.is_symlink() and onnx_real.stat().st_size > 1000
+    import onnx   # the metadata names the checkpoint's file, not where it lay on this machine
+    meta = {p.key: p.value for p in onnx.load(str(onnx_real)).metadata_props}
+    assert json.loads(meta["rnntrain.json"])["source"] == "best.pt"
     assert not stale.exists(), "the dead export's temp file was left"
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
     assert stat.S_ISFIFO(os.stat(read).st_mode) and stat.S_ISFIFO(os.stat(lonely).st_mode)
