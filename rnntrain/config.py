@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from rnntrain.errors import ConfigError, check_regular_file
+from rnntrain.errors import ConfigError
+from rnntrain.fsutil import read_bytes
 
 
 # Limits live next to their fields: ``field(metadata=...)`` with "gt" / "ge" / "lt" bounds
@@ -303,9 +304,9 @@ def load_config(path: str | Path | None, overrides: list[str] = (), check: bool 
         p = Path(path)
         if not p.exists():
             raise ConfigError(f"config file not found: {p}")
-        check_regular_file(p, "config file", ConfigError)  # a FIFO would block the read
+        # a FIFO would block the read, /dev/zero never end; a config is not megabytes
+        data = read_bytes(p, "config file", 1 << 24, ConfigError)
         try:
-            data = p.read_bytes()
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:  # TOML is UTF-8 by definition
             line = data[:e.start].count(b"\n") + 1

@@ -54,20 +54,8 @@ def file_problem(path, what: str = "file") -> str | None:
     return f"{what} is {kind}, not a regular file"
 
 
-def check_regular_file(path, what: str = "file", error=UserError, max_bytes: int = 0):
-    """Raise ``error("PATH: why")`` unless ``path`` is a regular file (see file_problem)
-    of at most ``max_bytes`` bytes (0: any size; for files read whole into memory, such
-    as lists and word lists, where a file of that size is a wrong file, not a big one).
-
-    Every file the project reads goes through this before it is opened: data files,
-    manifests, configs, checkpoints and exported models, language models, lexicons,
-    lists."""
+def check_regular_file(path, what: str = "file", error=UserError):
+    """Raise ``error("PATH: why")`` unless ``path`` is a regular file (see file_problem)."""
     why = file_problem(path, what)
     if why:
         raise error(f"{path}: {why}")
-    if max_bytes:
-        import os
-        size = os.path.getsize(path)
-        if size > max_bytes:
-            raise error(f"{path}: {what} has {size:,} bytes, more than the {max_bytes:,} "
-                        f"such a file may have (the wrong file?)")

@@ -32,14 +32,14 @@ import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from rnntrain.decode.lm import UNK_FLOOR, ArpaLM, BOS, EOS, UNK
 from rnntrain.decode.search import best_path
-from rnntrain.errors import DataError, UserError, check_regular_file
+from rnntrain.errors import DataError, UserError
+from rnntrain.fsutil import read_text
 
 try:  # numba is a dependency; without it the same functions run as (slow) Python
     from numba import njit
@@ -454,14 +454,7 @@ def read_lexicon(path, labels: Sequence[str], blank: int, space: int
     index = {name: k for k, name in enumerate(labels) if k not in (blank, space)}
     if not os.path.exists(path):
         raise DataError(path, "lexicon file not found")
-    # a FIFO would block the read, /dev/zero never end; a word list is not gigabytes
-    check_regular_file(path, "lexicon", max_bytes=1 << 30)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(path, "lexicon file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(path, f"cannot read the lexicon ({e})") from None
+    text = read_text(path, "lexicon")  # a FIFO would block, /dev/zero never end
     out = []
     for ln, line in enumerate(text.splitlines(), 1):
         parts = line.split()

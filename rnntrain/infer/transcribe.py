@@ -23,6 +23,7 @@ from typing import Iterator
 
 from rnntrain.compute.pool import usable_cores
 from rnntrain.errors import DataError, UserError
+from rnntrain.fsutil import read_bytes
 from rnntrain.frontend.images import IMAGE_SUFFIXES
 from rnntrain.infer.api import AUDIO_SUFFIXES, Model, Transcript
 
@@ -77,10 +78,7 @@ def expand(inputs: list[str]) -> list[Source]:
 
 def read_list(path: Path) -> list[Source]:
     out = []
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise UserError(f"{path}: cannot read the list ({e.strerror})") from None
+    raw = read_bytes(path, "list")  # a regular file of bounded size (fsutil)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
