@@ -7,6 +7,7 @@ import faulthandler
 import itertools
 import json
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -18,8 +19,8 @@ import pytest
 import torch
 
 from rnntrain.compute.model import CTCModel, ctc_loss_sum
-from rnntrain.compute.pool import (CostModel, Task, TaskError, WorkerPool, default_threads,
-                                split_tasks)
+from rnntrain.compute.pool import (BrokenPool, CostModel, Task, TaskError, WorkerPool,
+                                default_threads, split_tasks)
 from rnntrain.compute.tasks import FlatGrad, TaskComputer, cost_model_for
 
 from conftest import ROOT
@@ -199,6 +200,77 @@ def test_failing_task_names_worker_and_sequences_pool_stays_usable():
     assert results == [3, 3]
     pool.close()
     assert set(threading.enumerate()) == before
+
+
+def _within(seconds, fn):
+    """fn() on a daemon thread: its exception (or None), failing the test if it has not
+    returned after ``seconds`` (a hang fails, never blocks the suite)."""
+    out = {}
+
+    def body():
+        try:
+            fn()
+        except BaseException as e:
+            out["error"] = e
+    t = threading.Thread(target=body, daemon=True)
+    t0 = time.monotonic()
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"still waiting after {seconds} s: the pool hangs"
+    return out.get("error"), time.monotonic() - t0
+
+
+@pytest.mark.parametrize("workers,inline", [(3, False), (1, False), (1, True)])
+def test_raising_start_up_hook_breaks_the_pool_and_raises_in_the_caller(workers, inline):
+    """A worker whose start-up hook raises (it can on CUDA: no stream, no memory) used to
+    leave the constructor waiting forever for it to become idle."""
+    bad = workers - 1
+
+    def on_start(w):
+        if w == bad:
+            raise RuntimeError("cannot create a CUDA stream")
+    pattern = (rf"worker pool broken: worker {bad} failed in its start-up hook: "
+               r"RuntimeError: cannot create a CUDA stream")
+    before = set(threading.enumerate())
+    pools = []
+
+    def use():
+        pool = WorkerPool(lambda w, t: sum(t.seqs), workers, name="brokenstart",
+                          on_start=on_start, inline=inline)
+        pools.append(pool)
+        pool.run([Task(0, (1, 2))])   # inline: the hook runs on the first batch
+    err, took = _within(30, use)
+    assert isinstance(err, BrokenPool), err
+    assert re.search(pattern, str(err)) and isinstance(err.__cause__, RuntimeError)
+    assert took < 10
+    assert not [t for t in set(threading.enumerate()) - before
+                if t.name.startswith("brokenstart")]   # the other workers were joined
+    for pool in pools:                                  # and it stays broken
+        with pytest.raises(BrokenPool, match=pattern):
+            pool.run([Task(0, (1,))])
+        pool.close()
+
+
+def test_worker_that_dies_in_a_task_breaks_the_pool_and_raises_in_the_caller():
+    """A task that ends its worker thread (SystemExit, KeyboardInterrupt: not a task's
+    error) breaks the pool: ``wait`` raises at once instead of waiting for a barrier the
+    dead worker never reaches; an ordinary exception stays a TaskError (test above)."""
+    def fn(w, task):
+        if 13 in task.seqs:
+            raise SystemExit("worker told to exit")
+        time.sleep(0.01)
+        return sum(task.seqs)
+    before = set(threading.enumerate())
+    pool = WorkerPool(fn, 2, name="brokenbody")
+    assert pool.run([Task(0, (1,)), Task(1, (2,))])[0] == [1, 2]   # healthy until then
+    pattern = r"worker pool broken: worker \d failed in its worker loop: SystemExit: worker told to exit"
+    err, took = _within(30, lambda: pool.run([Task(i, (10 + i,)) for i in range(6)]))
+    assert isinstance(err, BrokenPool) and re.search(pattern, str(err)), err
+    assert took < 10
+    assert not [t for t in set(threading.enumerate()) - before if t.name.startswith("brokenbody")]
+    with pytest.raises(BrokenPool, match=pattern):
+        pool.submit([Task(0, (1,))])
+    pool.close()
 
 
 @pytest.mark.parametrize("inline", [False, True])

@@ -13,7 +13,12 @@ the task boundaries, and with them the summation order, never depend on timing.
 
 Errors: an exception in a task is re-raised by ``run`` in the main thread (TaskError,
 naming the worker and the task); the remaining queued tasks of that batch are dropped and
-the pool stays usable. ``close()`` wakes and joins every worker.
+the pool stays usable. A failure of a worker itself (its start-up hook raises, or
+anything else ends its thread: a ``BaseException`` such as ``SystemExit`` out of a task,
+an error in the loop) marks the pool broken, as CPython's ``ThreadPoolExecutor`` does
+when an initializer fails: the other workers are stopped and joined, and the constructor,
+``submit``, ``run`` and ``wait`` raise ``BrokenPool`` in the caller at once, never wait
+for a worker that is gone. ``close()`` wakes and joins every worker.
 """
 from __future__ import annotations
 
@@ -34,6 +39,11 @@ from rnntrain.run import trace
 
 class TaskError(RuntimeError):
     """A task failed in a worker thread."""
+
+
+class BrokenPool(TaskError):
+    """A worker failed outside a task (start-up hook, or its thread ended): the pool
+    cannot run batches any more (CPython's ``BrokenThreadPool``)."""
 
 
 @dataclass
@@ -90,6 +100,7 @@ class WorkerPool:
         self._pending = 0              # tasks of the current batch not finished yet
         self._results: list = []
         self._error: tuple | None = None
+        self._broken: BrokenPool | None = None  # set once, by the first failing worker
         self._closed = False
         self._busy = [0.0] * workers
         self._last_end = [0.0] * workers
@@ -101,17 +112,50 @@ class WorkerPool:
         for t in self._threads:
             t.start()
         with self._lock:  # all workers up and idle before the first batch
-            while self._idle < workers:
+            while self._idle < workers and self._broken is None:
                 self._idle_cv.wait()
+        self._raise_if_broken()
 
     def _loop(self, w: int):
-        # Flush denormals to zero on this thread, as TensorFlow does on its CPU threads:
-        # gradients that decay through long recurrences reach denormal floats, each of
-        # which costs the CPU ~100 cycles (docs/threads.md, "Settings").
-        # MXCSR is per thread, so every worker sets it for itself.
-        torch.set_flush_denormal(True)
-        if self._on_start is not None:
-            self._on_start(w)
+        """A worker thread: start-up, then tasks until closed. Whatever ends the thread
+        otherwise marks the pool broken (the caller would wait for this worker forever)."""
+        phase = "start-up hook"
+        try:
+            # Flush denormals to zero on this thread, as TensorFlow does on its CPU
+            # threads: gradients that decay through long recurrences reach denormal
+            # floats, each of which costs the CPU ~100 cycles (docs/threads.md,
+            # "Settings"). MXCSR is per thread, so every worker sets it for itself.
+            torch.set_flush_denormal(True)
+            if self._on_start is not None:
+                self._on_start(w)
+            phase = "worker loop"
+            self._serve(w)
+        except BaseException as e:
+            self._break(w, phase, e)
+
+    def _break(self, w: int, phase: str, e: BaseException):
+        """Mark the pool broken (first failure wins), stop the other workers and wake the
+        caller, wherever it waits."""
+        with self._lock:
+            if self._broken is None:
+                self._broken = BrokenPool(f"worker pool broken: worker {w} failed in its "
+                                          f"{phase}: {type(e).__name__}: {e}")
+                self._broken.__cause__ = e
+            self._closed = True
+            self._queue.clear()
+            self._work.notify_all()
+            self._idle_cv.notify_all()
+
+    def _raise_if_broken(self):
+        """Raise the pool's BrokenPool after joining the workers that are left."""
+        if self._broken is None:
+            return
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join()
+        raise self._broken
+
+    def _serve(self, w: int):
         while True:
             with self._lock:
                 self._idle += 1
@@ -127,8 +171,10 @@ class WorkerPool:
             try:
                 with trace.span("task", index=task.index, seqs=len(task.seqs)):
                     res, err = self._fn(w, task), None
-            except BaseException as e:  # reaches the main thread through run()
+            except Exception as e:  # reaches the main thread through run()
                 res, err = None, e
+            # a BaseException (SystemExit, KeyboardInterrupt) ends this thread: _loop
+            # marks the pool broken
             t1 = time.perf_counter()
             with self._lock:
                 self._busy[w] += t1 - t0
@@ -154,6 +200,7 @@ class WorkerPool:
         task split): that is time the main thread would otherwise spend at the barrier.
         Inline (no worker thread), the tasks run in ``wait``."""
         assert all(t.index == i for i, t in enumerate(tasks)), "tasks must be indexed 0..n-1"
+        self._raise_if_broken()
         if self._inline:
             assert self._submitted is None, "wait for the previous batch first"
             self._submitted = tasks
@@ -179,11 +226,12 @@ class WorkerPool:
         t0 = self._t_submit
         with self._lock:
             # the barrier: all tasks done and every worker back in the idle state
-            while self._pending > 0 or self._idle < self.workers:
+            while (self._pending > 0 or self._idle < self.workers) and self._broken is None:
                 self._idle_cv.wait()
             t1 = time.perf_counter()
             results, error = self._results, self._error
             timing = BatchTiming(t1 - t0, list(self._busy), [t1 - e for e in self._last_end])
+        self._raise_if_broken()
         for w, th in enumerate(self._threads):  # each worker's wait for the slowest one
             trace.complete("barrier wait", self._last_end[w], t1, th)
         if error is not None:
@@ -194,10 +242,15 @@ class WorkerPool:
         return results, timing
 
     def _run_inline(self, tasks: Sequence[Task]) -> tuple[list, BatchTiming]:
+        self._raise_if_broken()
         assert not self._closed, "pool is closed"
         if not self._started:
             if self._on_start is not None:
-                self._on_start(0)
+                try:
+                    self._on_start(0)
+                except BaseException as e:
+                    self._break(0, "start-up hook", e)
+                    self._raise_if_broken()
             self._started = True
         t0 = time.perf_counter()
         results = [None] * len(tasks)
