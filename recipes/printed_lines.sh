@@ -3,6 +3,8 @@
 # character error rate on held-out lines in a font not seen in training.
 #
 #   recipes/printed_lines.sh [OVERRIDES...]      (overrides go to `rnntrain train`)
+#   recipes/printed_lines.sh --data-only          (make the data, train nothing: the
+#                                                  ensemble recipe uses it)
 #
 # Everything comes from the package registry; nothing is downloaded at run time:
 #   fonts  the TrueType files matplotlib ships (DejaVu: Bitstream Vera licence, free;
@@ -55,6 +57,7 @@ if [ ! -f "$OUT/test.nc" ]; then
     "$PY" -m data_tools inspect "$OUT/train.nc" --subsample 4
 fi
 
+[ "${1:-}" = "--data-only" ] && exit 0
 RUN=runs/printed_lines
 if [ -e "$RUN/checkpoints/last.pt" ]; then
     echo "$(basename "$0"): $RUN already holds a trained model; remove it to train again" >&2

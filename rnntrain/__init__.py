@@ -5,6 +5,7 @@ Python API (lazy: ``import rnntrain`` loads neither torch nor NetCDF)::
     import rnntrain
     run = rnntrain.train("my.toml", train={"epochs": 5})   # → the run folder
     m = rnntrain.load(run)            # run folder, checkpoint, TorchScript or ONNX export
+    e = rnntrain.load_ensemble("runs/x-crossfold5", combine="vote")  # several models as one
     m.transcribe("a.wav").text        # also an image, a .npy path, a signal or features
     m.log_probs(frames)               # (T', C) from model-ready frames (T, F)
     m.export("m.onnx", "onnx")
@@ -21,10 +22,11 @@ os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
 
 __version__ = "0.1.0"
 
-__all__ = ["load", "train", "Model", "Transcript", "FrontEnd", "UserError", "__version__"]
+__all__ = ["load", "load_ensemble", "train", "Model", "Transcript", "FrontEnd", "UserError", "__version__"]
 
 # public name → module that defines it, imported on first use
-_LAZY = {"load": "rnntrain.infer.api", "train": "rnntrain.api", "Model": "rnntrain.infer.api",
+_LAZY = {"load": "rnntrain.infer.api", "load_ensemble": "rnntrain.infer.ensemble",
+         "train": "rnntrain.api", "Model": "rnntrain.infer.api",
          "Transcript": "rnntrain.infer.api", "FrontEnd": "rnntrain.frontend",
          "UserError": "rnntrain.errors"}
 

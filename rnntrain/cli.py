@@ -1,5 +1,5 @@
 """``rnntrain`` command line: train, eval, decode, tune-decoder, transcribe, export, runs,
-sweep, report, init.
+sweep, crossfold, report, init.
 
 User mistakes (UserError, a ValueError) print one line and exit 2, without a traceback.
 """
@@ -9,8 +9,8 @@ import argparse
 import json
 import sys
 
-from rnntrain.cli_args import (Parser, non_negative_int, run_main, split_overrides,
-                               take_resume, version)
+from rnntrain.cli_args import (Parser, non_negative_int, positive_int, run_main,
+                               split_overrides, take_resume, version)
 from rnntrain.errors import UserError
 
 
@@ -34,7 +34,10 @@ def _cmd_train(args) -> int:
     return 0
 
 
-def _load_for_eval(checkpoint: str, data: str, device: str, need_targets: bool = True):
+def _load_for_eval(checkpoint: str, data: str, device: str, need_targets: bool = True,
+                   same_labels: bool = True):
+    """→ (cfg, ds, model, device). ``same_labels=False``: the checkpoint's alphabet may be
+    the data's in another order (an ensemble's further members, matched by name)."""
     import torch
     from rnntrain.run import checkpoint as ckpt
     from rnntrain.config import config_from_dict
@@ -56,7 +59,7 @@ def _load_for_eval(checkpoint: str, data: str, device: str, need_targets: bool =
     if need_targets and not ds.has_targets:
         raise DataError(data, "missing variable: no targets to score against (rnntrain "
                               "decode or transcribe need none)", var="targetStrings")
-    if ds.has_targets:
+    if ds.has_targets and same_labels:
         check_fits(ds, ck["labels"], ck["input_size"], "the checkpoint's")
     elif ds.input_size != ck["input_size"]:  # a file to decode without targets: no alphabet
         raise DataError(data, f"inputPattSize {ds.input_size} differs from the checkpoint's "
@@ -79,6 +82,30 @@ def _load_for_eval(checkpoint: str, data: str, device: str, need_targets: bool =
     return cfg, ds, model, dev
 
 
+def _load_models(args, need_targets: bool = True):
+    """``args.checkpoint``: one model or several (``infer.ensemble.model_paths``) →
+    (cfg, ds, model, device, vote): the first model's config and dataset; several models
+    as one ``EnsembleNet``; ``vote`` its voting for ``evaluate`` under --combine vote."""
+    from rnntrain.compute.model import total_subsample
+    from rnntrain.infer.ensemble import EnsembleNet, check_combine, model_paths
+    combine = check_combine(args.combine)
+    paths = model_paths(args.checkpoint)
+    cfg, ds, model, dev = _load_for_eval(str(paths[0]), args.data, args.device, need_targets)
+    if len(paths) == 1:
+        return cfg, ds, model, dev, None
+    if combine == "vote" and (args.beam or args.lexicon or args.lm):
+        raise UserError("--combine vote votes on each model's best path: it takes no "
+                        "--beam, --lexicon or --lm (use --combine posteriors)")
+    # the others: labels matched by name, so only the first must be in the data's order
+    rest = [_load_for_eval(str(p), args.data, args.device, need_targets, same_labels=False)
+            for p in paths[1:]]
+    members = [(cfg, model)] + [(c, m) for c, _, m, _ in rest]
+    net = EnsembleNet([m for _, m in members], [m.labels for _, m in members],
+                      [str(p) for p in paths], [total_subsample(c.model) for c, _ in members],
+                      combine)
+    return cfg, ds, net.to(dev), dev, net.vote_batch if combine == "vote" else None
+
+
 def _decoding(args, ds, model):
     """The decoder the options ask for (or None), the separator's index, thread count."""
     from rnntrain.decode.options import decode_threads, decoder_from_args, space_index
@@ -90,7 +117,7 @@ def _decoding(args, ds, model):
 def _cmd_eval(args) -> int:
     from rnntrain.compute.model import total_subsample
     from rnntrain.run.evaluate import evaluate
-    cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device)
+    cfg, ds, model, dev, vote = _load_models(args)
     decoder, space, threads = _decoding(args, ds, model)
     keep = ds.feasible(total_subsample(cfg.model))
     if not keep.any():  # a score over nothing would read as LER 0
@@ -98,7 +125,8 @@ def _cmd_eval(args) -> int:
                         f"for its target (subsampling {total_subsample(cfg.model)}): nothing "
                         "to score")
     counts = evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev,
-                      decoder=decoder, space=space, threads=threads, workers=threads)
+                      decoder=decoder, space=space, threads=threads, workers=threads,
+                      vote=vote)
     out = {k: c.summary() for k, c in counts.items()}
     if decoder is not None:
         out["beam"]["decoder"] = decoder.describe()
@@ -124,8 +152,7 @@ def _cmd_decode(args) -> int:
         check_output(args.out, [resolve(args.checkpoint), args.data])
     import numpy as np
     from rnntrain.run.evaluate import evaluate
-    cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device,
-                                         need_targets=False)
+    cfg, ds, model, dev, vote = _load_models(args, need_targets=False)
     decoder, space, threads = _decoding(args, ds, model)
     labels = model.labels
     # every sequence is decoded: a target (absent, or a placeholder) is not needed for that
@@ -133,7 +160,7 @@ def _cmd_decode(args) -> int:
     hyps: dict[int, list[int]] = {}
     evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev,
              decoder=decoder, space=space, threads=threads, workers=threads,
-             on_hyp=lambda s, h: hyps.__setitem__(s, h), score=False)
+             on_hyp=lambda s, h: hyps.__setitem__(s, h), score=False, vote=vote)
     lines = [f"{ds.tag(i)}\t{' '.join(labels[k] for k in hyps[i])}\n"
              for i in range(ds.num_seqs)]
     if not args.out:
@@ -151,18 +178,21 @@ def _cmd_transcribe(args) -> int:
     if args.threads < 0:
         raise UserError("--threads must be >= 0")
     from rnntrain.decode.options import decoder_from_args
-    from rnntrain.infer.api import load
+    from rnntrain.infer.ensemble import check_combine, load_ensemble
     from rnntrain.infer.transcribe import expand, transcribe
+    check_combine(args.combine)
     sources = expand(args.inputs)  # each exists and is of a known kind, before the model loads
     if args.out:  # a folder, a missing folder, an input (or the model) given as --out
         from rnntrain.fsutil import check_output
+        from rnntrain.infer.ensemble import model_paths
         from rnntrain.infer.model import resolve  # a run folder: its best.pt is an input
-        check_output(args.out, [resolve(args.model), *args.inputs,
+        check_output(args.out, [*(resolve(p) for p in model_paths(args.model)), *args.inputs,
                                 *(s.path for s in sources)])
     from rnntrain.compute.pool import usable_cores
     threads = args.threads or usable_cores()
     # ONNX Runtime: one intra-op thread per worker thread, as for torch
-    model = load(args.model, device=args.device, threads=1 if threads > 1 else 0)
+    model = load_ensemble(args.model, args.combine, device=args.device,
+                          threads=1 if threads > 1 else 0)  # one model or several
     # the compiled decoder that decode and eval use: the same hypotheses for the same input
     decoder = decoder_from_args(args, model.labels, model.blank)
     if not args.out:
@@ -220,6 +250,13 @@ def _cmd_sweep(args) -> int:
                  launcher=args.launcher, show_output=args.show_output)
 
 
+def _cmd_crossfold(args) -> int:
+    from rnntrain.tools.crossfold import crossfold
+    return crossfold(args.config, args.folds, args.overrides, out=args.out,
+                     print_only=args.print, launcher=args.launcher,
+                     show_output=args.show_output)
+
+
 def _cmd_report(args) -> int:
     from rnntrain.tools.report import report
     md = report(args.runs, out=args.out, tensorboard=args.tensorboard)
@@ -260,13 +297,15 @@ def build_parser() -> argparse.ArgumentParser:
                       ("decode", "print tag and hypothesis per sequence")):
         e = sub.add_parser(name, help=hlp, description=hlp[0].upper() + hlp[1:] + ".")
         e.add_argument("checkpoint", help="a .pt checkpoint written by rnntrain train, or "
-                                          "its run folder (its best.pt)")
+                                          "its run folder (its best.pt); several models: "
+                                          "a crossfold folder or paths joined by commas")
         e.add_argument("data", help=".nc file or dataset manifest" +
                        (" (targets optional)" if name == "decode" else ""))
         e.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
         e.add_argument("--batch-frames", type=non_negative_int, default=0,
                        help="padded frames per batch (0 = the checkpoint's train.batch_frames)")
         add_decoder_arguments(e)
+        _add_combine(e)
         if name == "eval":
             e.add_argument("--json", action="store_true", help="print one JSON object: "
                            "\"best\" (best path; its figures also at the top level), "
@@ -296,12 +335,14 @@ def build_parser() -> argparse.ArgumentParser:
                                            "files",
                         description="One line per utterance: input, hypothesis, and the time "
                                     "(s) of each label's CTC peak (TSV), or JSON lines.")
-    tr.add_argument("model", help="checkpoint, run folder (its best.pt) or exported model")
+    tr.add_argument("model", help="checkpoint, run folder (its best.pt) or exported model; "
+                    "several models: a crossfold folder or paths joined by commas")
     tr.add_argument("inputs", nargs="+", metavar="INPUT",
                     help="audio files (WAV, FLAC, ...), images (PNG, JPEG, TIFF; models "
                          "trained on images), .npy arrays, .nc files, folders, or list files "
                          "(one path per line)")
     add_decoder_arguments(tr, threads=False)  # --beam, --lm, --lexicon as decode takes them
+    _add_combine(tr)
     tr.add_argument("--json", action="store_true", help="JSON lines instead of TSV")
     tr.add_argument("--out", help="write here instead of stdout")
     tr.add_argument("--threads", type=int, default=0,
@@ -330,6 +371,23 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: none)")
     w.add_argument("--show-output", action="store_true",
                    help="show each run's output instead of saving it in console.log")
+    c = sub.add_parser("crossfold", help="train K models on the K folds of the training data",
+                       description="Fold i trains on every fold of data.train but i and "
+                                   "validates on fold i (data.folds, data.fold), one fold after "
+                                   "another, each a run folder OUT/fold-i; the same command "
+                                   "again continues unfinished folds. OUT is then a model for "
+                                   "eval, decode and transcribe: the ensemble of the folds. "
+                                   "Overrides section.key=value may stand anywhere.")
+    c.add_argument("config", help="TOML config every fold starts from (data.val is unused)")
+    c.add_argument("--folds", type=positive_int, required=True, help="K, the number of folds "
+                   "and models (2 or more; Calamari uses 5)")
+    c.add_argument("--out", help="crossfold folder (default runs/<config>-crossfoldK)")
+    c.add_argument("--print", action="store_true", help="write OUT/crossfold.json and print "
+                   "the K training commands (for a cluster), train nothing")
+    c.add_argument("--launcher", default="", help="prefix for each fold, e.g. 'mpiexec -n 4'")
+    c.add_argument("--show-output", action="store_true",
+                   help="show each fold's output instead of saving it in console.log")
+    c.set_defaults(overrides=[])
     g = sub.add_parser("report", help="plots and a markdown summary of one or more runs")
     g.add_argument("runs", nargs="+", help="run folders (several overlay)")
     g.add_argument("--out", help="output folder (default RUN/report, or ./report)")
@@ -347,23 +405,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _add_combine(p):
+    p.add_argument("--combine", default="posteriors", metavar="posteriors|vote",
+                   help="several models: average their frame posteriors (one frame rate), "
+                        "or vote on their best paths by confidence as Calamari does "
+                        "(README, Ensembles)")
+
+
 def _prepare(argv: list[str]) -> tuple[list[str], list[str], str | None]:
     """Overrides and --resume are taken out before argparse sees the line, so they may stand
     anywhere (argparse alone would read `--resume run.dir=x` as a path and `--trace t.json
     run.dir=x` as a stray argument)."""
     from rnntrain.config import section_names
     i = next((k for k, a in enumerate(argv) if not a.startswith("-")), None)
-    if i is None or argv[i] != "train":
+    if i is None or argv[i] not in ("train", "crossfold"):
         return argv, [], None
     head, rest = argv[: i + 1], argv[i + 1:]
     rest, overrides = split_overrides(rest, section_names())
-    rest, resume = take_resume(rest)
+    rest, resume = take_resume(rest) if argv[i] == "train" else (rest, None)
     return head + rest, overrides, resume
 
 
 HANDLERS = {"train": _cmd_train, "eval": _cmd_eval, "decode": _cmd_decode,
             "tune-decoder": _cmd_tune_decoder, "transcribe": _cmd_transcribe,
             "export": _cmd_export, "runs": _cmd_runs, "sweep": _cmd_sweep,
+            "crossfold": _cmd_crossfold,
             "report": _cmd_report, "init": _cmd_init}
 
 
@@ -376,6 +442,6 @@ def main(argv=None) -> int:
         print(f"rnntrain {cmd}: error: {e}", file=sys.stderr)
         return 2
     args = build_parser().parse_args(argv)
-    if args.cmd == "train":
+    if args.cmd in ("train", "crossfold"):
         args.overrides, args.resume = overrides, resume
     return run_main("rnntrain", args.cmd, HANDLERS[args.cmd], args)

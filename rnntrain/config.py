@@ -53,6 +53,11 @@ class DataConfig:
     val: str = ""                # validation set (same alphabet and inputPattSize)
     test: str = ""               # optional: scored with the best checkpoint after training
     chunk_frames: int = positive(2_000_000)  # virtual chunk size when a single .nc file is given
+    # cross-validation (``rnntrain crossfold``): split data.train into this many folds
+    # (rnntrain.data.folds; a function of train.seed), train on all but data.fold and
+    # validate on data.fold (data.val stays empty); 0 = off
+    folds: int = non_negative(0)
+    fold: int = non_negative(0)  # the held-out fold, 0 .. folds-1
 
 
 @dataclass
@@ -296,6 +301,16 @@ def validate(cfg: Config):
                               'one scale after backward)')
     if not cfg.data.train:
         raise ConfigError("data.train is not set (an RNNLIB .nc file or a manifest.json)")
+    dc = cfg.data
+    if dc.folds == 1:
+        raise ConfigError("data.folds = 1: give 2 or more folds (0 = no folds)")
+    if dc.folds and dc.fold >= dc.folds:
+        raise ConfigError(f"data.fold = {dc.fold} must be < data.folds = {dc.folds}")
+    if dc.folds and dc.val:
+        raise ConfigError(f"data.folds = {dc.folds} validates on the held-out fold "
+                          f"{dc.fold} of data.train: leave data.val empty (data.val=\"\")")
+    if not dc.folds and dc.fold:
+        raise ConfigError(f"data.fold = {dc.fold} needs data.folds (2 or more)")
 
 
 def load_config(path: str | Path | None, overrides: list[str] = (), check: bool = True) -> Config:

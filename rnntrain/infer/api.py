@@ -282,10 +282,15 @@ class Model:
         spelled = self.image.text(names) if self.image is not None else None
         return Transcript(names, peaks, len(lp), self.frame_seconds, spelled)
 
+    def decode_frames(self, frames: np.ndarray, beam=0) -> Transcript:
+        """Model-ready frames (T, F) → Transcript (``log_probs``, then ``decode``; an
+        ensemble may combine its members' hypotheses instead: ``infer.ensemble``)."""
+        return self.decode(self.log_probs(frames), beam)
+
     def transcribe(self, x, beam=0, rate: int | None = None) -> Transcript:
         """An audio, image or .npy path, a signal (S,) at ``rate``, features (T, F) or a
         Pillow image → Transcript."""
-        return self.decode(self.log_probs(self.frames(x, rate)), beam)
+        return self.decode_frames(self.frames(x, rate), beam)
 
     def export(self, out, format: str = "onnx", check_frames=None) -> Path:
         """Write this model as TorchScript or ONNX (see ``rnntrain.infer.export``)."""

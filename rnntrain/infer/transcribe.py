@@ -160,7 +160,7 @@ def transcribe(model: Model, inputs: list[str], beam=0, threads: int = 0,
             frames = model.frames(item)
         else:
             frames = item
-        return model.decode(model.log_probs(frames), beam)
+        return model.decode_frames(frames, beam)
 
     try:
         with ThreadPoolExecutor(workers, thread_name_prefix="transcribe") as pool:

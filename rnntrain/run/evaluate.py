@@ -71,19 +71,31 @@ class _BatchScorer:
     want_hyps: bool = False
     want_log_probs: bool = False
     decode_threads: int = 1
+    # an ensemble's voting (``infer.ensemble.EnsembleNet.vote_batch``): x, lengths →
+    # (averaged log-probs or None, output lengths or None, N voted label lists) in place
+    # of the model's forward and best path; the loss is the averaged posteriors' (NaN
+    # where the members' frame rates differ)
+    vote: Callable | None = None
 
     def __call__(self, worker: int, task: Task) -> _Scored:
         frames, targets = task.payload
         x, lengths = collate(frames)
+        voted = None
         with torch.inference_mode():
-            lp, out_len = self.model(x.to(self.device), lengths)
-            loss = float(ctc_loss_sum(lp, out_len, targets, self.model.blank)) \
-                if self.score else 0.0
-            lp = lp.float().cpu().numpy()                          # (T', N, C)
-        lens = out_len.cpu().numpy()
+            if self.vote is not None:
+                lp, out_len, voted = self.vote(x.to(self.device), lengths)
+            else:
+                lp, out_len = self.model(x.to(self.device), lengths)
+            loss = 0.0 if not self.score else float("nan") if lp is None else \
+                float(ctc_loss_sum(lp, out_len, targets, self.model.blank))
+            lp = lp.float().cpu().numpy() if lp is not None else None  # (T', N, C)
+        lens = out_len.cpu().numpy() if out_len is not None else None
         best = ErrorCounts(loss_sum=loss, frames=int(lengths.sum()))
         refs, _ = ragged_as_strings(targets)
-        bp, n = best_path_batch(lp.argmax(-1), lens, self.model.blank)  # (N, L), (N,)
+        if voted is not None:
+            bp, n = _padded(voted)
+        else:
+            bp, n = best_path_batch(lp.argmax(-1), lens, self.model.blank)  # (N, L), (N,)
         best.add_keys(refs, padded_as_strings(bp, n), self.space)
         out = _Scored({"best": best}, log_probs=lp if self.want_log_probs else None,
                       lengths=lens if self.want_log_probs else None)
@@ -99,6 +111,16 @@ class _BatchScorer:
         return out
 
 
+def _padded(hyps: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """N label lists → labels (N, L) padded with -1, counts (N,) (``best_path_batch``'s
+    layout)."""
+    n = np.array([len(h) for h in hyps], np.int64)
+    out = np.full((len(hyps), int(n.max(initial=0))), -1, np.int64)
+    for j, h in enumerate(hyps):
+        out[j, :len(h)] = h
+    return out, n
+
+
 def eval_workers(workers: int, device: torch.device, comm=None) -> int:
     """Worker threads for evaluation: ``workers``, else this rank's share of the usable
     cores (as training's default); one on a GPU (one stream)."""
@@ -112,7 +134,8 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
              decoder=None, space: int | None = None, threads: int = 1,
              on_log_probs: Callable[[list[int], np.ndarray, np.ndarray], None] | None = None,
              score: bool = True, workers: int = 0, intra: int = 1,
-             batch_scale: int = EVAL_BATCH_SCALE) -> dict[str, ErrorCounts]:
+             batch_scale: int = EVAL_BATCH_SCALE, vote: Callable | None = None
+             ) -> dict[str, ErrorCounts]:
     """Score ``ds`` (only sequences with keep[i]); returns {"best": counts[, "beam": counts]}.
 
     "beam" is the ``decoder``'s (a ``decode.beam.Decoder``: beam search, lexicon, LM), or a
@@ -126,7 +149,9 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
     ``workers`` threads (0: this rank's cores, see ``eval_workers``) each score whole
     batches of ``batch_scale`` x ``batch_frames`` padded frames (``eval_batch_frames``:
     less for a small set) with ``intra`` intra-op threads; ``threads``: the decoder's threads when one worker decodes alone.
+    ``vote``: an ensemble's voting (see ``_BatchScorer.vote``; no decoder then).
     """
+    assert vote is None or (decoder is None and not beam and on_log_probs is None)
     rank, world = (comm.rank, comm.size) if comm is not None else (0, 1)
     workers = eval_workers(workers, device, comm)
     was_training = model.training
@@ -147,7 +172,7 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
             by_chunk.setdefault(s.chunk, []).append(s.seqs)
     scorer = _BatchScorer(model, device, decoder, space, score, want_hyps=on_hyp is not None,
                           want_log_probs=on_log_probs is not None,
-                          decode_threads=threads if workers == 1 else 1)
+                          decode_threads=threads if workers == 1 else 1, vote=vote)
     reader = ChunkReader(ds.load_chunk, list(by_chunk))
     try:
         # the pool sets the process-wide intra-op count: restored on the way out

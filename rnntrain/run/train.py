@@ -26,6 +26,7 @@ from rnntrain.compute.optim import build_optimizer
 from rnntrain.compute.pool import cap_threads, default_threads
 from rnntrain.config import Config, to_dict, to_toml
 from rnntrain.data.dataset import Dataset, check_compatible
+from rnntrain.data.folds import fold_masks
 from rnntrain.data.plan import make_plan, padding_ratio, remainder_note, resumed_plan
 from rnntrain.errors import UserError
 from rnntrain.parallel import collectives
@@ -56,11 +57,14 @@ def finished_note(state: TrainState, tc, config_path, overrides, run_dir) -> str
     return None
 
 
-def describe_skipped(ds: Dataset, keep: np.ndarray, what: str) -> str:
-    bad = np.flatnonzero(~keep)
+def describe_skipped(ds: Dataset, keep: np.ndarray, what: str,
+                     within: np.ndarray | None = None) -> str:
+    """The sequences of ``within`` (default: all) that ``keep`` leaves out, named."""
+    within = np.ones(ds.num_seqs, bool) if within is None else within
+    bad = np.flatnonzero(~keep & within)
     tags = ", ".join(ds.tag(int(i)) for i in bad[:8]) + (" ..." if len(bad) > 8 else "")
-    return (f"{what}: skipping {len(bad)} of {ds.num_seqs} sequences too short for their "
-            f"targets (frames after subsampling < labels + repeats): {tags}")
+    return (f"{what}: skipping {len(bad)} of {int(within.sum())} sequences too short for "
+            f"their targets (frames after subsampling < labels + repeats): {tags}")
 
 
 def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str | None = None):
@@ -245,23 +249,42 @@ def log_window(log: RunLog, bar, rec: dict, epoch: int, step: int, opt):
 
 
 def open_data(cfg: Config):
-    """→ (train Dataset, its trainable mask (N,) bool, val Dataset or None, its mask)."""
-    train_ds = Dataset.open(cfg.data.train, cfg.data.chunk_frames)
-    val_ds = Dataset.open(cfg.data.val, cfg.data.chunk_frames) if cfg.data.val else None
+    """→ (train Dataset, its trainable mask (N,) bool, val Dataset or None, its mask).
+
+    With ``data.folds``, both are the training file: the mask of one holds every fold but
+    ``data.fold``, the other's that fold (``rnntrain.data.folds``)."""
+    dc = cfg.data
+    train_ds = Dataset.open(dc.train, dc.chunk_frames)
+    # a fold's validation set is the training file again (its own metadata object: the
+    # reader of one never shares state with the other's)
+    val_path = dc.train if dc.folds else dc.val
+    val_ds = Dataset.open(val_path, dc.chunk_frames) if val_path else None
     if val_ds is not None:
         check_compatible(train_ds, val_ds, "training data")
     sub = total_subsample(cfg.model)  # frame stacking x the conv front end's width pooling
     keep = train_ds.feasible(sub)
     val_keep = val_ds.feasible(sub) if val_ds is not None else None
+    if dc.folds:
+        if train_ds.num_seqs < dc.folds:
+            raise UserError(f"{dc.train}: {train_ds.num_seqs} sequences cannot make "
+                            f"data.folds = {dc.folds} folds")
+        mine, held = fold_masks(train_ds.num_seqs, dc.folds, dc.fold, cfg.train.seed)
+        keep, val_keep = keep & mine, val_keep & held
     return train_ds, keep, val_ds, val_keep
 
 
 def log_skipped(log: RunLog, cfg: Config, train_ds, keep, val_ds, val_keep):
     """Name the sequences too short for their targets; none left to train on is an error."""
-    if not keep.all():
-        log.info(describe_skipped(train_ds, keep, "train"))
-    if val_keep is not None and not val_keep.all():
-        log.info(describe_skipped(val_ds, val_keep, "val"))
+    mine = held = None  # the sequences each set holds: all, or a fold's
+    if (dc := cfg.data).folds:
+        mine, held = fold_masks(train_ds.num_seqs, dc.folds, dc.fold, cfg.train.seed)
+        log.info(f"fold {dc.fold} of {dc.folds} (data.folds, seed {cfg.train.seed}): "
+                 f"training on {int(mine.sum())} of the {train_ds.num_seqs} sequences of "
+                 f"{dc.train}, validating on the other {int(held.sum())}")
+    if (keep != (mine if mine is not None else True)).any():
+        log.info(describe_skipped(train_ds, keep, "train", mine))
+    if val_keep is not None and (val_keep != (held if held is not None else True)).any():
+        log.info(describe_skipped(val_ds, val_keep, "val", held))
     if keep.sum() == 0:
         raise UserError(f"{cfg.data.train}: no sequence is long enough for its target")
 

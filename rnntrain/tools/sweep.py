@@ -106,6 +106,22 @@ def sweep(config: str, specs: list[str], out: str | None = None, print_only: boo
         return 0
     folder.mkdir(parents=True, exist_ok=True)
     print(f"sweep: {len(runs)} runs in {folder}", file=sys.stderr, flush=True)
+    failed = run_all(config, folder, grid, runs, prefix, show_output)
+    print(f"sweep: results in {folder / 'results.md'} and {folder / 'results.csv'}",
+          file=sys.stderr)
+    if failed:
+        print(f"sweep: {failed} of {len(runs)} runs failed (see console.log in their "
+              f"folders)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_all(config: str, folder: Path, grid, runs: list[tuple[str, list[str]]],
+            prefix: list[str] = (), show_output: bool = False) -> int:
+    """Train each (name, overrides) of ``runs`` in ``folder / name``, one after another, as
+    a subprocess: a finished run is skipped, an interrupted one resumed. The results table
+    is rewritten after each run. Returns the number of runs that failed."""
+    prefix = list(prefix)
     failed = 0
     for n, (name, ov) in enumerate(runs, 1):
         run_dir = folder / name
@@ -138,13 +154,7 @@ def sweep(config: str, specs: list[str], out: str | None = None, print_only: boo
             best = "-" if s.best_val_ler is None else f"{s.best_val_ler:.4f}"
             print(f"    {s.status}: best val LER {best}, {time.monotonic() - t0:.0f} s",
                   file=sys.stderr, flush=True)
-    print(f"sweep: results in {folder / 'results.md'} and {folder / 'results.csv'}",
-          file=sys.stderr)
-    if failed:
-        print(f"sweep: {failed} of {len(runs)} runs failed (see console.log in their "
-              f"folders)", file=sys.stderr)
-        return 1
-    return 0
+    return failed
 
 
 def _last_line(path: Path) -> str:

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Printed text lines, the full combination for little data: 5 models, each trained on 4 of
+# the 5 folds of the training lines (rnntrain crossfold), read together by Calamari's
+# confidence voting and by posterior averaging; character error rate on the unseen font
+# (recipes/printed_lines.sh's data and model: docs/recipes.md).
+#
+#   recipes/printed_lines_ensemble.sh [OVERRIDES...]   (overrides go to every fold)
+#
+# Environment: FOLDS (default 5), AUGMENT (default "lines": the [augment] preset every fold
+# trains with, when this rnntrain has the [augment] section; "none" trains without),
+# and recipes/printed_lines.sh's TRAIN_LINES, VAL_LINES, TEST_LINES.
+# Data go to data/printed_lines/ (made once, shared with printed_lines.sh), the folds to
+# runs/printed_lines_ensemble/fold-0 .. fold-4. Run it again after an interruption: the
+# finished folds are kept and the interrupted one resumes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -n "${PYTHON:-}" ] || source scripts/env.sh
+PY="${PYTHON:-python}"
+FOLDS=${FOLDS:-5}
+AUGMENT=${AUGMENT:-lines}
+OUT=runs/printed_lines_ensemble
+TEST=data/printed_lines/test.nc
+START=$(date +%s)
+recipes/printed_lines.sh --data-only
+
+extra=()
+if [ "$AUGMENT" != "none" ]; then
+    if "$PY" -c "import rnntrain.config as c, sys; sys.exit(0 if 'augment' in c.section_names() else 1)"; then
+        extra=("augment.preset=$AUGMENT")
+    else
+        echo "$(basename "$0"): this rnntrain has no [augment] section: training without augmentation" >&2
+    fi
+fi
+"$PY" -m rnntrain crossfold configs/printed_lines.toml --folds "$FOLDS" --out "$OUT" \
+    ${extra[@]+"${extra[@]}"} "$@"
+echo "data and training wall time: $(( $(date +%s) - START )) s"
+
+# the unseen font: each fold alone, then the ensemble both ways (best path)
+for i in $(seq 0 $((FOLDS - 1))); do
+    echo "fold $i alone:"
+    "$PY" -m rnntrain eval "$OUT/fold-$i" "$TEST"
+done
+for how in vote posteriors; do
+    echo "ensemble of $FOLDS folds, --combine $how:"
+    "$PY" -m rnntrain eval "$OUT" "$TEST" --combine "$how"
+done
+echo "whole script wall time: $(( $(date +%s) - START )) s"
