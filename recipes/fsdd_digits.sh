@@ -17,22 +17,25 @@ REC="$DATA_ROOT/fsdd/recordings"
 OUT=data/fsdd
 [ -d "$REC" ] || { echo "fsdd_digits.sh: no FSDD recordings at $REC (pass the data root)" >&2; exit 2; }
 # the project's environment, set up on first use as run_train.sh does ($PYTHON: your own)
-[ -n "${PYTHON:-}" ] || source scripts/env.sh
+[ -n "${PYTHON:-}" ] || [ ! -f scripts/env.sh ] || source scripts/env.sh
 PY="${PYTHON:-python}"
+# the data tools' module: data_tools in the repository, rnntrain_data installed (a folder
+# that `rnntrain init --recipe` wrote: no scripts/env.sh there, the rnntrain on PATH is used)
+DT=$([ -f data_tools/cli.py ] && echo data_tools || echo rnntrain_data)
 
 if [ ! -f "$OUT/test.nc" ]; then
     rm -rf "$OUT"
-    "$PY" -m data_tools fsdd-strings --recordings "$REC" --split train --takes 10-49 \
+    "$PY" -m "$DT" fsdd-strings --recordings "$REC" --split train --takes 10-49 \
         --count 1500 --digits 3-7 --seed 11 --out "$OUT/train"
-    "$PY" -m data_tools fsdd-strings --recordings "$REC" --split train --takes 5-9 \
+    "$PY" -m "$DT" fsdd-strings --recordings "$REC" --split train --takes 5-9 \
         --count 300 --digits 3-7 --seed 12 --out "$OUT/val"
-    "$PY" -m data_tools fsdd-strings --recordings "$REC" --split test \
+    "$PY" -m "$DT" fsdd-strings --recordings "$REC" --split test \
         --count 500 --digits 3-7 --seed 13 --out "$OUT/test"
     # statistics from the training list only; validation and test reuse them
-    "$PY" -m data_tools audio --list "$OUT/train/list.tsv" --out "$OUT/train.nc" \
+    "$PY" -m "$DT" audio --list "$OUT/train/list.tsv" --out "$OUT/train.nc" \
         --features fbank --save-stats "$OUT/stats.json"
     for s in val test; do
-        "$PY" -m data_tools audio --list "$OUT/$s/list.tsv" --out "$OUT/$s.nc" --stats "$OUT/stats.json"
+        "$PY" -m "$DT" audio --list "$OUT/$s/list.tsv" --out "$OUT/$s.nc" --stats "$OUT/stats.json"
     done
 fi
 [ "${DATA_ONLY:-0}" = 1 ] && exit 0   # DATA_ONLY=1: make the data, train nothing

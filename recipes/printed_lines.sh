@@ -23,8 +23,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # the project's environment, set up on first use as run_train.sh does ($PYTHON: your own;
 # the dev extra brings Pillow and Faker)
-[ -n "${PYTHON:-}" ] || source scripts/env.sh
+[ -n "${PYTHON:-}" ] || [ ! -f scripts/env.sh ] || source scripts/env.sh
 PY="${PYTHON:-python}"
+# the data tools' module: data_tools in the repository, rnntrain_data installed (a folder
+# that `rnntrain init --recipe` wrote: no scripts/env.sh there, the rnntrain on PATH is used)
+DT=$([ -f data_tools/cli.py ] && echo data_tools || echo rnntrain_data)
 OUT=data/printed_lines
 TRAIN_LINES=${TRAIN_LINES:-4000}
 VAL_LINES=${VAL_LINES:-200}
@@ -43,18 +46,18 @@ if [ ! -f "$OUT/test.nc" ]; then
     # training lines vary their margins and widths as line crops and typefaces do (STIX is
     # narrower than DejaVu and its line metrics are taller); the test font is drawn as is
     vary=(--margin 0.1-0.6 --stretch 0.75-1.3)
-    "$PY" -m data_tools render-lines --out "$OUT/train" --count "$TRAIN_LINES" --fonts "$SEEN" \
+    "$PY" -m "$DT" render-lines --out "$OUT/train" --count "$TRAIN_LINES" --fonts "$SEEN" \
         --seed 21 "${common[@]}" "${vary[@]}"
-    "$PY" -m data_tools render-lines --out "$OUT/val" --count "$VAL_LINES" --fonts "$SEEN" \
+    "$PY" -m "$DT" render-lines --out "$OUT/val" --count "$VAL_LINES" --fonts "$SEEN" \
         --seed 22 "${common[@]}" "${vary[@]}"
-    "$PY" -m data_tools render-lines --out "$OUT/test" --count "$TEST_LINES" --fonts STIXGeneral \
+    "$PY" -m "$DT" render-lines --out "$OUT/test" --count "$TEST_LINES" --fonts STIXGeneral \
         --seed 23 "${common[@]}"
     # one fixed alphabet for the three sets: <space> and printable ASCII in code order
     for s in train val test; do
-        "$PY" -m data_tools images --list "$OUT/$s/list.tsv" --out "$OUT/$s.nc" --chars \
+        "$PY" -m "$DT" images --list "$OUT/$s/list.tsv" --out "$OUT/$s.nc" --chars \
             --height 32 --alphabet ascii
     done
-    "$PY" -m data_tools inspect "$OUT/train.nc" --subsample 4
+    "$PY" -m "$DT" inspect "$OUT/train.nc" --subsample 4
 fi
 
 [ "${1:-}" = "--data-only" ] && exit 0

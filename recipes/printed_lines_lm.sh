@@ -26,8 +26,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # the project's environment, set up on first use as run_train.sh does ($PYTHON: your own)
-[ -n "${PYTHON:-}" ] || source scripts/env.sh
+[ -n "${PYTHON:-}" ] || [ ! -f scripts/env.sh ] || source scripts/env.sh
 PY="${PYTHON:-python}"
+# the data tools' module: data_tools in the repository, rnntrain_data installed (a folder
+# that `rnntrain init --recipe` wrote: no scripts/env.sh there, the rnntrain on PATH is used)
+DT=$([ -f data_tools/cli.py ] && echo data_tools || echo rnntrain_data)
 DATA=${PL_DATA:-data/printed_lines}
 MODEL=${PL_MODEL:-runs/printed_lines/checkpoints/best.pt}
 RUN=${LM_RUN:-runs/printed_lines_lm}
@@ -57,7 +60,7 @@ MAXC=$("$PY" -c "import sys; print(max(len(l.rstrip('\n').split('\t', 1)[1]) for
 open(sys.argv[1], encoding='utf-8') if '\t' in l))" "$DATA/train/list.tsv")
 cut -f2 "$DATA/val/list.tsv" > "$RUN/val_text.txt"
 T0=$(now)
-"$PY" -m data_tools faker-text --out "$RUN/lm_text.new" --count "$LM_LINES" --seed "$LM_SEED" \
+"$PY" -m "$DT" faker-text --out "$RUN/lm_text.new" --count "$LM_LINES" --seed "$LM_SEED" \
     --max-chars "$MAXC" --exclude "$DATA/val/list.tsv" --exclude "$DATA/test/list.tsv"
 # keep the old file (and the models built from it) when the text is the same
 if cmp -s "$RUN/lm_text.new" "$RUN/lm_text.txt"; then rm "$RUN/lm_text.new"
@@ -72,11 +75,11 @@ for o in $LM_ORDERS; do
     LM="$RUN/char$o.arpa"
     if [ ! "$LM" -nt "$RUN/lm_text.txt" ]; then
         T0=$(now)
-        "$PY" -m data_tools ngram "$RUN/lm_text.txt" --chars --space-token "$SP" --order "$o" \
+        "$PY" -m "$DT" ngram "$RUN/lm_text.txt" --chars --space-token "$SP" --order "$o" \
             --discount-fallback --out "$LM"
         echo "  built in $(secs "$T0" "$(now)") s"
     fi
-    "$PY" -m data_tools perplexity "$LM" "$RUN/val_text.txt" --chars --space-token "$SP" \
+    "$PY" -m "$DT" perplexity "$LM" "$RUN/val_text.txt" --chars --space-token "$SP" \
         --json > "$RUN/ppl$o.json"
     PPL=$(json "$RUN/ppl$o.json" "round(d['perplexity'], 3)")
     echo "  order $o: validation perplexity $PPL"
@@ -101,7 +104,7 @@ echo "tuned on validation ($(secs "$T0" "$(now)") s): --lm-weight $W --label-bon
 T0=$(now)
 tr ' ' '\n' < "$RUN/lm_text.txt" | grep -v '^$' | grep -v '^#' | LC_ALL=C sort -u \
     > "$RUN/lexicon.txt"
-"$PY" -m data_tools ngram "$RUN/lm_text.txt" --order 3 --out "$RUN/word3.arpa"
+"$PY" -m "$DT" ngram "$RUN/lm_text.txt" --order 3 --out "$RUN/word3.arpa"
 "$PY" -m rnntrain tune-decoder "$MODEL" "$DATA/val.nc" --lm "$RUN/word3.arpa" \
     --lexicon "$RUN/lexicon.txt" --space "$SP" --lm-weights 0,0.5,1,1.5 \
     --word-bonuses=-1,0,1,2,4 --json > "$RUN/tune_word.json"

@@ -14,15 +14,18 @@ REC="$DATA_ROOT/yesno/waves_yesno"
 OUT=data/yesno
 [ -d "$REC" ] || { echo "yesno.sh: no YesNo recordings at $REC (pass the data root)" >&2; exit 2; }
 # the project's environment, set up on first use as run_train.sh does ($PYTHON: your own)
-[ -n "${PYTHON:-}" ] || source scripts/env.sh
+[ -n "${PYTHON:-}" ] || [ ! -f scripts/env.sh ] || source scripts/env.sh
 PY="${PYTHON:-python}"
+# the data tools' module: data_tools in the repository, rnntrain_data installed (a folder
+# that `rnntrain init --recipe` wrote: no scripts/env.sh there, the rnntrain on PATH is used)
+DT=$([ -f data_tools/cli.py ] && echo data_tools || echo rnntrain_data)
 
 if [ ! -f "$OUT/test.nc" ]; then
-    "$PY" -m data_tools yesno-lists --recordings "$REC" --out "$OUT" --seed 1 --test 15 --val 5
-    "$PY" -m data_tools audio --list "$OUT/train.tsv" --out "$OUT/train.nc" \
+    "$PY" -m "$DT" yesno-lists --recordings "$REC" --out "$OUT" --seed 1 --test 15 --val 5
+    "$PY" -m "$DT" audio --list "$OUT/train.tsv" --out "$OUT/train.nc" \
         --features fbank --save-stats "$OUT/stats.json"
     for s in val test; do
-        "$PY" -m data_tools audio --list "$OUT/$s.tsv" --out "$OUT/$s.nc" --stats "$OUT/stats.json"
+        "$PY" -m "$DT" audio --list "$OUT/$s.tsv" --out "$OUT/$s.nc" --stats "$OUT/stats.json"
     done
 fi
 [ "${DATA_ONLY:-0}" = 1 ] && exit 0   # DATA_ONLY=1: make the data, train nothing (yesno_lm.sh)

@@ -12,8 +12,11 @@ cd "$(dirname "$0")/.."
 DATA_ROOT="${1:-${RNNTRAIN_DATA:-../shared/data}}"
 OUT=data/yesno
 # the project's environment, set up on first use as run_train.sh does ($PYTHON: your own)
-[ -n "${PYTHON:-}" ] || source scripts/env.sh
+[ -n "${PYTHON:-}" ] || [ ! -f scripts/env.sh ] || source scripts/env.sh
 PY="${PYTHON:-python}"
+# the data tools' module: data_tools in the repository, rnntrain_data installed (a folder
+# that `rnntrain init --recipe` wrote: no scripts/env.sh there, the rnntrain on PATH is used)
+DT=$([ -f data_tools/cli.py ] && echo data_tools || echo rnntrain_data)
 DATA_ONLY=1 PYTHON="$PY" recipes/yesno.sh "$DATA_ROOT"   # the YesNo recipe's own data
 RUN=runs/yesno_lm
 if [ ! -e "$RUN/checkpoints/last.pt" ]; then
@@ -22,7 +25,7 @@ fi
 # the LM: training transcripts only (the labels are the words "yes"/"no", so a model over
 # words is a label-level model); 40 lines are too few for Kneser-Ney discounts: Witten-Bell
 cut -f2 "$OUT/train.tsv" > "$RUN/lm_text.txt"
-"$PY" -m data_tools ngram "$RUN/lm_text.txt" --order 3 --smoothing wb --out "$RUN/yesno3.arpa"
+"$PY" -m "$DT" ngram "$RUN/lm_text.txt" --order 3 --smoothing wb --out "$RUN/yesno3.arpa"
 "$PY" -m rnntrain tune-decoder "$RUN/checkpoints/last.pt" "$OUT/val.nc" --lm "$RUN/yesno3.arpa" \
     --lm-weights 0,0.5,1,2 --word-bonuses 0,1,2,4 --json > "$RUN/tune.json"
 read -r W B < <("$PY" -c "import json,sys; b=json.load(open(sys.argv[1]))['best']; \

@@ -265,8 +265,13 @@ def _cmd_report(args) -> int:
 
 
 def _cmd_init(args) -> int:
-    from rnntrain.tools.examples import write_example
-    return write_example(args.name, args.out, args.force, args.list)
+    from rnntrain.tools.examples import write_example, write_recipe
+    if args.recipe:
+        if args.name is not None:
+            raise UserError(f"give an example config NAME ({args.name!r}) or --recipe "
+                            f"{args.recipe}, not both")
+        return write_recipe(args.recipe, args.out, args.force)
+    return write_example(args.name or "default", args.out, args.force, args.list)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -393,13 +398,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out", help="output folder (default RUN/report, or ./report)")
     g.add_argument("--tensorboard", action="store_true",
                    help="also write TensorBoard event files (needs tensorboard)")
-    n = sub.add_parser("init", help="write an example config to start from",
+    n = sub.add_parser("init", help="write an example config or recipe to start from",
                        description="Write one of the example configs shipped with rnntrain "
                                    "into the current folder (or --out) and say how to get "
-                                   "its data.")
-    n.add_argument("name", nargs="?", default="default",
-                   help="which example (--list shows them)")
-    n.add_argument("--out", help="file to write (default NAME.toml here)")
+                                   "its data; or, with --recipe, a recipe script (with the "
+                                   "scripts and configs it uses) that makes its data and "
+                                   "trains.")
+    n.add_argument("name", nargs="?", default=None,
+                   help="which example (default: default; --list shows them)")
+    n.add_argument("--recipe", metavar="NAME", help="write recipes/NAME.sh, what it runs and "
+                   "its configs under the current folder (or --out)")
+    n.add_argument("--out", help="file to write (default NAME.toml here); with --recipe: the "
+                   "folder (default here)")
     n.add_argument("--force", action="store_true", help="overwrite an existing file")
     n.add_argument("--list", action="store_true", help="list the examples and exit")
     return p
