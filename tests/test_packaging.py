@@ -54,6 +54,13 @@ def test_init_writes_a_recipe_with_what_it_runs(tmp_path):
         for rel in re_.findall(r"\b(recipes/[\w.-]+\.(?:sh|py)|configs/[\w.-]+\.toml)\b",
                                f.read_text()):
             assert (ROOT / rel).is_file(), f"{f.name} names {rel}, which is not shipped"
+    # --list: every example and recipe with its whole first sentence (not cut mid-way)
+    flat = " ".join(run_cli("rnntrain", "init", "--list").stdout.split())
+    assert ("yesno YesNo: recordings → seeded 40/5/15 train/val/test lists → log-mel NetCDF → "
+            "trained BLSTM-CTC → word errors on the 15 held-out recordings (best path and "
+            "beam search) yesno_lm") in flat
+    assert "default The embedded default: a synthetic CTC task (run_train.sh generates the " \
+           "data) fsdd_digits" in flat
     r = run_cli("rnntrain", "init", "--recipe", "printed_lines_lm", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())

@@ -51,14 +51,17 @@ def examples() -> dict[str, str]:
 def write_example(name: str, out: str | None, force: bool, list_only: bool) -> int:
     ex = examples()
     if list_only:
+        import textwrap
+
+        def item(k, what):
+            print(textwrap.fill(what, 88, initial_indent=f"  {k:<16} ",
+                                subsequent_indent=" " * 19))
         print("example configs (rnntrain init NAME):")
         for k, text in ex.items():
-            first = next((ln.lstrip("# ").strip() for ln in text.splitlines()
-                          if ln.startswith("#")), "")
-            print(f"  {k:<16} {first}")
+            item(k, summary(text))
         print("recipes (rnntrain init --recipe NAME: the script, what it runs, its configs):")
         for k, first in recipes().items():
-            print(f"  {k:<16} {first}")
+            item(k, first)
         return 0
     if name.endswith(".toml"):
         name = name[:-5]
@@ -85,6 +88,21 @@ def write_example(name: str, out: str | None, force: bool, list_only: bool) -> i
     return 0
 
 
+def summary(text: str) -> str:
+    """The first sentence of a file's leading comment block (a shebang skipped)."""
+    words = []
+    for ln in text.splitlines():
+        if ln.startswith("#!"):
+            continue
+        if not ln.startswith("#") or not ln.strip("# "):
+            break
+        words += ln.lstrip("#").split()
+    text = " ".join(words).replace("/ ", "/")  # a path broken across two lines
+    end = next((i for i in range(len(text)) if text[i] == "." and
+                (i + 1 == len(text) or text[i + 1] == " ")), len(text))
+    return text[:end]
+
+
 def _shipped(folder: str, suffixes: tuple[str, ...]) -> dict[str, str]:
     d = resources.files("rnntrain") / folder
     return {f.name: f.read_text(encoding="utf-8") for f in (d.iterdir() if d.is_dir() else [])
@@ -93,11 +111,8 @@ def _shipped(folder: str, suffixes: tuple[str, ...]) -> dict[str, str]:
 
 def recipes() -> dict[str, str]:
     """{name: first line of its description} of every shipped recipe script."""
-    out = {}
-    for fname, text in sorted(_shipped("recipes", (".sh",)).items()):
-        first = next((ln.lstrip("# ").strip() for ln in text.splitlines()[1:]
-                      if ln.startswith("#")), "")
-        out[fname[:-3]] = first
+    out = {fname[:-3]: summary(text)
+           for fname, text in sorted(_shipped("recipes", (".sh",)).items())}
     assert out, "rnntrain/recipes is missing from this installation"
     return out
 
