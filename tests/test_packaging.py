@@ -98,7 +98,7 @@ def test_init_writes_a_recipe_with_what_it_runs(tmp_path):
 # `rnntrain-data images` importing data_tools.audio, cannot come back unseen).
 WHEEL_COVERS = {
     "rnntrain": {"init", "train", "eval", "decode", "tune-decoder", "transcribe", "export",
-                 "runs", "sweep", "report"},
+                 "runs", "sweep", "report", "crossfold"},
     "rnntrain-data": {"synth", "inspect", "shard", "audio", "kaldi", "lhotse", "convert",
                       "fsdd-strings", "yesno-lists", "ngram", "images", "render-lines",
                       "perplexity", "faker-text", "rnnlib-config"},
@@ -289,6 +289,11 @@ def test_wheel_in_a_fresh_venv_from_another_folder(tmp_path):
     assert len((work / "sweeps/s/results.csv").read_text().strip().splitlines()) == 3
     ev = json.loads(run("rnntrain", "eval", "runs/default", "data/synth_val.nc",
                         "--json").stdout)
+    assert 0 <= ev["best"]["ler"]
+    # two folds of the training file, then the pair as one model (an ensemble)
+    run("rnntrain", "crossfold", "default.toml", "--folds", "2", "--out", "runs/cv", *small)
+    assert all((work / f"runs/cv/fold-{i}/checkpoints/last.pt").is_file() for i in (0, 1))
+    ev = json.loads(run("rnntrain", "eval", "runs/cv", "data/synth_val.nc", "--json").stdout)
     assert 0 <= ev["best"]["ler"]
     run("rnntrain", "decode", "runs/default", "data/synth_val.nc", "--out", "hyps.txt")
     assert len((work / "hyps.txt").read_text().splitlines()) == 20
