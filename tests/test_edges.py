@@ -497,14 +497,14 @@ def test_resumed_plan_covers_the_epoch_exactly_once(synth_pair):
     """An epoch interrupted on 2 ranks after 3 steps, resumed on 3 ranks for 2 steps,
     then finished alone: every kept sequence is trained exactly once, against the plain
     set of kept ids (an independent count)."""
-    from rnntrain.data.plan import make_plan, resumed_plan
+    from rnntrain.data.plan import PlanSettings, make_plan, resumed_plan
     ds = Dataset.open(str(synth_pair[0]))
     keep = ds.feasible()
     keep[::7] = False  # some left out, as infeasible ones are
     seen = []
     for parts, world, steps in (([], 2, 3), ([(2, 3)], 3, 2), ([(2, 3), (3, 2)], 1, None)):
         for r in range(world):
-            plan = resumed_plan(ds, keep, 1500, 5, 1, r, world, parts)
+            plan = resumed_plan(ds, keep, PlanSettings(1500, 5), 1, r, world, parts)
             if not parts:
                 assert plan == make_plan(ds, keep, 1500, 5, 1, r, world)
             for st in plan[:steps]:
@@ -513,10 +513,11 @@ def test_resumed_plan_covers_the_epoch_exactly_once(synth_pair):
 
 
 def test_resumed_plan_unchanged_without_a_rank_change(synth_pair):
-    from rnntrain.data.plan import make_plan, resumed_plan
+    from rnntrain.data.plan import PlanSettings, make_plan, resumed_plan
     ds = Dataset.open(str(synth_pair[0]))
     keep = ds.feasible()
-    assert resumed_plan(ds, keep, 1500, 5, 0, 1, 2, []) == make_plan(ds, keep, 1500, 5, 0, 1, 2)
+    assert resumed_plan(ds, keep, PlanSettings(1500, 5), 0, 1, 2, []) == \
+        make_plan(ds, keep, 1500, 5, 0, 1, 2)
 
 
 def _mpiexec():

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from data_tools.shard import assign_shards, chunk_bounds, metadata_dataset, shard_chunks
 from rnntrain.data.dataset import Dataset, virtual_chunks
 from rnntrain.errors import UserError
-from rnntrain.data.plan import (PLANNERS, Batch, chunk_order, group_by_length, make_plan,
-                                padding_ratio, remainder_note, rng_for)
+from rnntrain.data.plan import (PLANNERS, Batch, BatchPlanner, PlanSettings, bucket_lengths,
+                                chunk_order, group_by_length, make_plan, padding_ratio,
+                                remainder_note, rng_for)
 
 
 def speech_lengths(n: int, seed: int = 0) -> np.ndarray:
@@ -215,7 +216,7 @@ def test_random_strategy_over_chunks(world):
                 assert len(step.seqs) * ds.lengths[list(step.seqs)].max() <= \
                     max(12_000 // world, int(ds.lengths[list(step.seqs)].max()))
         lost = int(keep.sum()) - len(ids)
-        note = remainder_note(ds, keep, world, "random", 12_000, 3)
+        note = remainder_note(ds, keep, world, PlanSettings(12_000, 3, strategy="random"))
         if world == 1:
             assert lost == 0 and note is None
         else:
@@ -294,3 +295,68 @@ def test_length_plan_gives_ranks_equal_counts_and_one_rank_can_replay_it(world):
     # the greedy cut (batch_multiple 1) would have given some rank one sequence more often
     greedy = make_plan(ds, keep, 7000, 3, 2, strategy="length", batch_multiple=1)
     assert sum(len(s.seqs) % world != 0 for s in greedy) > uneven
+
+
+# ---- the planner object: settings once, then epochs
+
+
+@pytest.mark.parametrize("strategy,round_lengths", [("auto", 0), ("length", 4), ("random", 0)])
+def test_planner_is_make_plan_under_its_settings(strategy, round_lengths):
+    """Settings fixed once: each epoch and rank is exactly the pure make_plan with those
+    settings spelled out; iterating after set_epoch gives the same; the remainder note is
+    the function's."""
+    lengths = speech_lengths(900, seed=6)
+    ds = sharded(lengths, 4, 100) if strategy == "auto" else single(lengths, 60_000)
+    keep = np.ones(ds.num_seqs, bool)
+    keep[::9] = False
+    settings = PlanSettings(9000, 4, round_lengths, strategy, batch_multiple=0)
+    world = 2
+    planners = [BatchPlanner(ds, keep, settings, r, world) for r in range(world)]
+    for epoch in (0, 3):
+        for r, planner in enumerate(planners):
+            want = make_plan(ds, keep, 9000, 4, epoch, r, world, round_lengths=round_lengths,
+                             strategy=strategy)
+            assert planner.epoch(epoch) == want == planners[0].epoch(epoch, r)
+            planner.set_epoch(epoch)
+            assert list(planner) == want
+            assert planner.steps_per_epoch == len(planner.epoch(0))
+    assert planners[0].remainder_note() == remainder_note(ds, keep, world, settings)
+    if round_lengths:  # the budget counts the padded (bucketed) lengths, as the tasks pad
+        padded = bucket_lengths(ds.lengths, round_lengths)
+        for shares in zip(*(p.epoch(0) for p in planners)):
+            batch = [s for b in shares for s in b.seqs]  # the global batch of a step
+            assert len(batch) == 1 or len(batch) * padded[batch].max() <= 9000
+
+
+def test_planner_resume_and_state_dict_cover_an_epoch_split_over_rank_counts():
+    """An epoch run for 3 steps on 2 ranks, then resumed alone from the planner's state:
+    every kept sequence is trained exactly once (against the plain set of kept ids); the
+    state round-trips, and other settings are refused."""
+    lengths = speech_lengths(600, seed=8)
+    ds = single(lengths, 40_000)
+    keep = np.ones(600, bool)
+    keep[::5] = False
+    settings = PlanSettings(7000, 2)
+    seen = [s for r in range(2) for b in BatchPlanner(ds, keep, settings, r, 2).epoch(1)[:3]
+            for s in b.seqs]
+    alone = BatchPlanner(ds, keep, settings)
+    alone.set_epoch(1, [(2, 3)])
+    state = alone.state_dict()
+    again = BatchPlanner(ds, keep, settings)
+    again.load_state_dict(state)
+    rest = list(again)
+    assert rest == alone.resume(1, [(2, 3)]) == list(alone)
+    seen += [s for b in rest for s in b.seqs]
+    assert sorted(seen) == np.flatnonzero(keep).tolist()
+    assert again.resume(1, []) == again.epoch(1)
+    with pytest.raises(UserError, match="batch plan settings differ"):
+        BatchPlanner(ds, keep, PlanSettings(7001, 2)).load_state_dict(state)
+
+
+def test_plan_settings_come_from_the_config_once():
+    from rnntrain.config import Config
+    cfg = Config()
+    cfg.train.batch_frames, cfg.train.round_lengths, cfg.train.plan = 1234, 3, "random"
+    got = PlanSettings.from_config(cfg)
+    assert (got.batch_frames, got.seed, got.round_lengths, got.strategy, got.batch_multiple) \
+        == (1234, cfg.train.seed, 3, "random", cfg.train.batch_multiple)

@@ -22,7 +22,7 @@ from rnntrain.compute.model import build_model
 from rnntrain.compute.optim import build_optimizer
 from rnntrain.config import Config
 from rnntrain.data.dataset import Dataset
-from rnntrain.data.plan import make_plan
+from rnntrain.data.plan import BatchPlanner, PlanSettings, make_plan
 from rnntrain.parallel.mpi import LocalComm
 from rnntrain.run import checkpoint as ckpt
 from rnntrain.run.runlog import RunLog
@@ -123,7 +123,8 @@ def _build(cfg, ds, total):
     opt = build_optimizer(cfg.optim, model.parameters())
     # fp16's dynamic scaling on an fp32 step: powers of two scale and unscale exactly
     scaler = LossScaler(CPU, enabled=True, init=2.0 ** 4, interval=2)
-    return model, opt, StepRunner(cfg, model, opt, LocalComm(), CPU, 1, ds, total, scaler)
+    planner = BatchPlanner(ds, ds.feasible(1), PlanSettings.from_config(cfg))
+    return model, opt, StepRunner(cfg, model, opt, LocalComm(), CPU, 1, planner, total, scaler)
 
 
 def _steps(runner, ds, keep, cfg, state, n):

@@ -33,12 +33,17 @@ Strategies (``PLANNERS``, chosen with ``train.plan`` or ``make_plan(strategy=...
     are not trained in an epoch (``remainder_note`` says how many sequences).
 ``auto`` (the default)
     ``sharded`` for a dataset with more than one shard, ``length`` otherwise.
+
+A training run holds one ``BatchPlanner``: its ``PlanSettings`` (the config's plan keys,
+read in one place) and the dataset's lengths are fixed once, then ``epoch(e, rank)``,
+``set_epoch`` + iteration, ``resume`` (an epoch interrupted on other rank counts) and
+``state_dict`` give the epochs, over the pure ``make_plan``.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -328,6 +333,35 @@ def strategy_for(ds, strategy: str = "auto") -> str:
     return strategy
 
 
+@dataclass(frozen=True)
+class PlanSettings:
+    """The batch plan's settings, fixed for a run (the training config's plan keys)."""
+    batch_frames: int
+    """padded-frame budget of a global batch (n × longest, all ranks together)"""
+    seed: int
+    """seed of the plan's draws (shuffles, tie breaks); with the epoch, all it depends on"""
+    round_lengths: int = 0
+    """> 0: each sequence counts at its ``bucket_length`` (what the worker pads it to);
+    the task computer pads with the same value (``StepRunner`` takes it from here)"""
+    strategy: str = "auto"
+    """a key of ``PLANNERS`` or "auto" (see the module doc)"""
+    batch_multiple: int = 0
+    """the ``length`` planner's sequences-per-batch multiple (0: the world size)"""
+
+    @classmethod
+    def from_config(cls, cfg) -> "PlanSettings":
+        """The settings of a ``Config`` (the one place that maps config keys to them)."""
+        tc = cfg.train
+        return cls(tc.batch_frames, tc.seed, tc.round_lengths, tc.plan, tc.batch_multiple)
+
+    def plan(self, ds, keep: np.ndarray, epoch: int, rank: int = 0,
+             world: int = 1) -> list[Batch]:
+        """``make_plan`` under these settings."""
+        return make_plan(ds, keep, self.batch_frames, self.seed, epoch, rank, world,
+                         round_lengths=self.round_lengths, strategy=self.strategy,
+                         batch_multiple=self.batch_multiple)
+
+
 def make_plan(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
               rank: int = 0, world: int = 1, shuffle: bool = True,
               round_lengths: int = 0, strategy: str = "auto",
@@ -367,19 +401,19 @@ def chunk_order(steps: list[Batch]) -> list[int]:
     return out
 
 
-def remainder_note(ds, keep: np.ndarray, world: int, strategy: str = "auto",
-                   batch_frames: int = 0, seed: int = 0) -> str | None:
+def remainder_note(ds, keep: np.ndarray, world: int, settings: PlanSettings) -> str | None:
     """One line on sequences that cannot be dealt evenly over ``world`` ranks (or None).
 
     ``sharded``: nothing is dropped; in the last steps of a segment the ranks whose shard
     is shorter train on fewer (possibly no) sequences. ``random``: the batches beyond the
-    shortest rank's count in each chunk are not trained; the note counts them in epoch 1
-    (``batch_frames`` and ``seed`` as for ``make_plan``). Reported once so the user knows.
+    shortest rank's count in each chunk are not trained; the note counts them in epoch 1.
+    Reported once so the user knows.
     """
-    strategy = strategy_for(ds, strategy)
+    strategy = strategy_for(ds, settings.strategy)
     if strategy == "random" and world > 1:
         planned = sum(len(s.seqs) for r in range(world)
-                      for s in plan_random(ds, keep, batch_frames, seed, 0, r, world))
+                      for s in plan_random(ds, keep, settings.batch_frames, settings.seed,
+                                           0, r, world))
         lost = int(keep.sum()) - planned
         return (f"{ds.source}: train.plan = 'random' leaves {lost} of {int(keep.sum())} "
                 f"sequences untrained in epoch 1 (the ranks stop at the shortest rank's "
@@ -398,9 +432,8 @@ def remainder_note(ds, keep: np.ndarray, world: int, strategy: str = "auto",
             f"have fewer (none are dropped)")
 
 
-def resumed_plan(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
-                 rank: int, world: int, parts: list, round_lengths: int = 0,
-                 strategy: str = "auto", batch_multiple: int = 0) -> list[Step]:
+def resumed_plan(ds, keep: np.ndarray, settings: PlanSettings, epoch: int, rank: int,
+                 world: int, parts: Sequence[Sequence[int]]) -> list[Batch]:
     """The rest of an epoch that was interrupted and resumed on other rank counts.
 
     parts: [(world_k, pos_k), ...] in order: segment k of the epoch ran the plan of
@@ -409,16 +442,86 @@ def resumed_plan(ds, keep: np.ndarray, batch_frames: int, seed: int, epoch: int,
     (the union of every rank's first pos_k steps), so the sequences left can be computed
     exactly and are re-dealt here to ``world`` ranks: none skipped, none repeated. The
     batches differ from an uninterrupted run's (they are cut from the sequences left).
+    Without parts: the epoch's plan itself.
     """
     left = keep.copy()
     for w, pos in parts:
         consumed = []
         for r in range(int(w)):
-            for st in make_plan(ds, left, batch_frames, seed, epoch, r, int(w),
-                                round_lengths=round_lengths, strategy=strategy,
-                                batch_multiple=batch_multiple)[:int(pos)]:
+            for st in settings.plan(ds, left, epoch, r, int(w))[:int(pos)]:
                 consumed.extend(st.seqs)
         left[np.asarray(consumed, dtype=np.int64)] = False
-    return make_plan(ds, left, batch_frames, seed, epoch, rank, world,
-                     round_lengths=round_lengths, strategy=strategy,
-                     batch_multiple=batch_multiple)
+    return settings.plan(ds, left, epoch, rank, world)
+
+
+class BatchPlanner:
+    """The epoch plans of one training run: the settings (``PlanSettings``) and the
+    dataset's lengths are fixed once, then each epoch's batches come from them (lhotse's
+    sampler shape: settings once, ``set_epoch``, ``state_dict``), over the pure
+    ``make_plan``. Every rank builds the same planner; ``rank`` and ``world`` are this
+    process's place in the job.
+
+        planner = BatchPlanner(ds, keep, PlanSettings.from_config(cfg), rank, world)
+        planner.set_epoch(epoch, state.parts)   # parts: an epoch resumed on other ranks
+        for batch in planner: ...               # this rank's batches of that epoch
+
+    ``epoch(e, rank)`` is the plain plan of any epoch and rank (a pure function: tests,
+    benches); ``resume(e, parts)`` the rest of an epoch interrupted on other rank counts.
+    """
+
+    def __init__(self, ds, keep: np.ndarray, settings: PlanSettings, rank: int = 0,
+                 world: int = 1):
+        """ds: the Dataset (lengths, chunks, shards; no frames are read); keep: (N,) bool,
+        the sequences to train on."""
+        assert 0 <= rank < world
+        self.ds, self.keep, self.settings = ds, keep, settings
+        self.rank, self.world = rank, world
+        self._epoch, self._parts = 0, []
+        self._steps: int | None = None
+
+    def epoch(self, epoch: int, rank: int | None = None) -> list[Batch]:
+        """Rank ``rank``'s (default: this rank's) batches of epoch ``epoch`` (0-based)."""
+        return self.settings.plan(self.ds, self.keep, epoch,
+                                  self.rank if rank is None else rank, self.world)
+
+    def resume(self, epoch: int, parts: Sequence[Sequence[int]],
+               rank: int | None = None) -> list[Batch]:
+        """The rest of epoch ``epoch`` after the segments ``parts`` ([(world_k, steps_k)]:
+        see ``resumed_plan``) ran on other rank counts; without parts, ``epoch(epoch)``."""
+        rank = self.rank if rank is None else rank
+        if not parts:
+            return self.epoch(epoch, rank)
+        return resumed_plan(self.ds, self.keep, self.settings, epoch, rank, self.world, parts)
+
+    def set_epoch(self, epoch: int, parts: Sequence[Sequence[int]] = ()):
+        """The epoch (and its segments trained on other rank counts) that iterating the
+        planner gives."""
+        self._epoch, self._parts = epoch, [list(p) for p in parts]
+
+    def __iter__(self) -> Iterator[Batch]:
+        return iter(self.resume(self._epoch, self._parts))
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Batches in an uninterrupted epoch (the same for every epoch and rank)."""
+        if self._steps is None:
+            self._steps = len(self.epoch(0))
+        return self._steps
+
+    def remainder_note(self) -> str | None:
+        """The one line on sequences not dealt evenly over the ranks (see the function)."""
+        return remainder_note(self.ds, self.keep, self.world, self.settings)
+
+    def state_dict(self) -> dict:
+        """Where the planner stands (plain values): the settings, the epoch and its
+        segments on other rank counts."""
+        return {"settings": dataclasses.asdict(self.settings), "epoch": self._epoch,
+                "parts": [list(p) for p in self._parts]}
+
+    def load_state_dict(self, state: dict):
+        """Continue from ``state_dict()``: the same settings are required (other settings
+        give another plan, so the position in it would mean nothing)."""
+        if state["settings"] != dataclasses.asdict(self.settings):
+            raise UserError(f"batch plan settings differ from the recorded ones: "
+                            f"{state['settings']} vs {dataclasses.asdict(self.settings)}")
+        self.set_epoch(state["epoch"], state["parts"])

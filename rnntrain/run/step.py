@@ -29,7 +29,7 @@ from rnntrain.compute.device import Fence, LossScaler, worker_start
 from rnntrain.compute.optim import lr_factor, set_lr
 from rnntrain.compute.pool import BatchTiming, Task, WorkerPool, split_tasks
 from rnntrain.compute.tasks import FlatGrad, TaskComputer, cost_model_for
-from rnntrain.data.plan import Batch, chunk_order
+from rnntrain.data.plan import Batch, BatchPlanner, chunk_order
 from rnntrain.data.reader import ChunkReader
 from rnntrain.parallel.exchange import Exchange
 from rnntrain.run import trace
@@ -96,19 +96,23 @@ class StepRunner:
 
     Build it, ``start(state)`` once (start-up sync of weights, optimizer and state from
     rank 0; the fp16 loss scale and the bad-step counts from the state), ``run`` each
-    batch, ``close`` at the end. ``cfg``: the whole Config (train, optim, dist sections).
+    batch, ``close`` at the end. ``cfg``: the whole Config (train, optim, dist sections);
+    ``planner``: the run's ``BatchPlanner`` (its dataset, and the ``round_lengths`` the
+    tasks pad with, so the planner's budget and the tasks' padding always agree).
     """
 
     def __init__(self, cfg, model, opt: torch.optim.Optimizer, comm, device: torch.device,
-                 workers: int, ds, total_steps: int, scaler: LossScaler | None = None):
+                 workers: int, planner: BatchPlanner, total_steps: int,
+                 scaler: LossScaler | None = None):
         tc = cfg.train
-        self.cfg, self.opt, self.device, self.ds = cfg, opt, device, ds
+        self.cfg, self.opt, self.device, self.ds = cfg, opt, device, planner.ds
         self.workers, self.total_steps = workers, total_steps
         params = list(model.parameters())
         self.flat = FlatGrad(params, device)
         self.exch = Exchange(comm, cfg.dist, self.flat, params, workers)
+        # tasks pad to the lengths the planner budgeted for: one round_lengths for both
         self.computer = TaskComputer(model, device, tc.input_noise, tc.precision,
-                                     tc.round_lengths, scaler)
+                                     planner.settings.round_lengths, scaler)
         self.scaler = self.computer.scaler
         # one CPU worker runs on this thread: its intra-op threads then share one OpenMP
         # team with the update (see WorkerPool), instead of two teams throttling each other

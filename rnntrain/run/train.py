@@ -27,7 +27,7 @@ from rnntrain.compute.pool import cap_threads, default_threads
 from rnntrain.config import Config, to_dict, to_toml
 from rnntrain.data.dataset import Dataset, check_compatible
 from rnntrain.data.folds import fold_masks
-from rnntrain.data.plan import make_plan, padding_ratio, remainder_note, resumed_plan
+from rnntrain.data.plan import BatchPlanner, PlanSettings, padding_ratio
 from rnntrain.errors import UserError
 from rnntrain.parallel import collectives
 from rnntrain.parallel import launch as dist
@@ -132,15 +132,13 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
         init_uniform(model, 0.1)
     model.to(device).train()
     opt = build_optimizer(cfg.optim, model.parameters(), fused=device.type == "cuda")
-    plan_for = partial(make_plan, train_ds, keep, tc.batch_frames, tc.seed, rank=rank,
-                       world=comm.size, round_lengths=tc.round_lengths, strategy=tc.plan,
-                       batch_multiple=tc.batch_multiple)
-    steps_per_epoch = len(plan_for(0))
+    planner = BatchPlanner(train_ds, keep, PlanSettings.from_config(cfg), rank, comm.size)
+    steps_per_epoch = planner.steps_per_epoch
     collectives.agree(comm, steps_per_epoch, "steps per epoch")
-    if note := remainder_note(train_ds, keep, comm.size, tc.plan, tc.batch_frames, tc.seed):
+    if note := planner.remainder_note():
         log.info(note)
     stop, bar, feed = StopFlag(), None, None
-    runner = StepRunner(cfg, model, opt, comm, device, workers, train_ds,
+    runner = StepRunner(cfg, model, opt, comm, device, workers, planner,
                         steps_per_epoch * tc.epochs)
     try:
         if resume:  # rank 0 reads it; the other ranks receive the state in runner.start
@@ -169,9 +167,8 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
         log.set_status("running", resumed=bool(resume))
         for epoch in range(state.epoch, tc.epochs):
             # an epoch interrupted on another rank count goes on over the sequences left
-            plan = plan_for(epoch) if not state.parts else resumed_plan(
-                train_ds, keep, tc.batch_frames, tc.seed, epoch, rank, comm.size,
-                state.parts, tc.round_lengths, tc.plan, tc.batch_multiple)
+            planner.set_epoch(epoch, state.parts)
+            plan = list(planner)
             feed = EpochFeed(train_ds, plan, epoch, state.pos, state.step)
             bar = tqdm(total=len(plan), initial=state.pos, desc=f"epoch {epoch + 1}/{tc.epochs}",
                        unit="step", disable=rank != 0 or not log.bar, dynamic_ncols=True,
