@@ -97,7 +97,9 @@ class OptimConfig:
 class TrainConfig:
     epochs: int = positive(10)
     batch_frames: int = positive(8000)       # padded frames per (global) batch
-    seed: int = non_negative(1)
+    # below 2**32: the plan's generator keeps the low 32 bits (larger seeds would alias
+    # smaller ones) and torch.manual_seed overflows past 2**64
+    seed: int = field(default=1, metadata={"ge": 0, "lt": 2**32})
     input_noise: float = non_negative(0.0, finite=True)   # Gaussian noise std added to inputs (RNNLIB inputNoiseDev)
     threads: int = non_negative(0)   # worker threads; 0 = fill this rank's cores (cores / intra_threads)
     intra_threads: int = positive(1)  # torch intra-op threads per worker (one process-wide setting)

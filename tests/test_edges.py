@@ -446,6 +446,15 @@ def test_checkpoint_on_a_full_disk_says_file_too_large_naming_the_path(tmp_path)
 
 # ---------------------------------------------------------------- values
 
+@pytest.mark.parametrize("seed", [str(2**64), str(2**32), "-1"])
+def test_seed_out_of_range_is_one_line_naming_the_key(seed):
+    """2**64 overflowed torch.manual_seed (a traceback); 2**32 and above would alias the
+    plan generator's low 32 bits (a different seed, the same run)."""
+    with pytest.raises(ConfigError, match=r"^train\.seed = -?\d+ must be"):
+        load_config(None, ["data.train=x.nc", f"train.seed={seed}"])
+    assert load_config(None, ["data.train=x.nc", f"train.seed={2**32 - 1}"]).train.seed == 2**32 - 1
+
+
 @pytest.mark.parametrize("lr", ["inf", "nan", "-0.1", "0"])
 def test_lr_must_be_finite_and_positive(lr):
     with pytest.raises(ConfigError, match="optim.lr"):
