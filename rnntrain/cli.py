@@ -276,7 +276,10 @@ def _cmd_init(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from rnntrain.decode.options import add_decoder_arguments
-    p = Parser(prog="rnntrain", description=__doc__.splitlines()[0])
+    p = Parser(prog="rnntrain", description="Train LSTM-CTC sequence models (speech, "
+               "handwriting, OCR) on RNNLIB NetCDF data, and use them. Start with `rnntrain "
+               "init` (an example config) and `rnntrain train CONFIG`; `rnntrain COMMAND -h` "
+               "describes each command.")
     p.add_argument("--version", action="version", version=f"rnntrain {version()}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     t = sub.add_parser(
@@ -362,7 +365,11 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--check", nargs="*", metavar="INPUT", default=None,
                    help="audio, image or .npy files to check the export on (default: the "
                         "checkpoint's own .nc data when it is there, else random frames)")
-    r = sub.add_parser("runs", help="list run folders: status, epochs, best LER, speed")
+    r = sub.add_parser("runs", help="list run folders: status, epochs, best LER, speed",
+                       description="List the run folders under DIR, one line each: status "
+                                   "(running, finished, stopped, failed, or died), epochs and "
+                                   "steps done, best validation LER, frames/s and wall time. "
+                                   "Safe beside a live training (it only reads).")
     r.add_argument("dir", nargs="?", default="runs", help="folder to search")
     r.add_argument("--json", action="store_true", help="print JSON instead of a table")
     w = sub.add_parser("sweep", help="train a grid of configurations and tabulate them",
@@ -393,7 +400,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--show-output", action="store_true",
                    help="show each fold's output instead of saving it in console.log")
     c.set_defaults(overrides=[])
-    g = sub.add_parser("report", help="plots and a markdown summary of one or more runs")
+    g = sub.add_parser("report", help="plots and a markdown summary of one or more runs",
+                       description="Plot loss, LER (log axis, the best checkpoint marked) "
+                                   "and learning rate against the epoch for one or more runs "
+                                   "(several overlay), and write report.md beside the PNGs.")
     g.add_argument("runs", nargs="+", help="run folders (several overlay)")
     g.add_argument("--out", help="output folder (default RUN/report, or ./report)")
     g.add_argument("--tensorboard", action="store_true",

@@ -119,6 +119,11 @@ def take_resume(argv: list[str]) -> tuple[list[str], str | None]:
         if a == "--":
             rest.extend(argv[i:])
             break
+        opt = a.split("=", 1)[0]
+        if len(opt) >= 4 and opt != "--resume" and "--resume".startswith(opt):
+            # argparse would take --resum as an abbreviation, after --resume was taken out
+            # here: the run would start afresh, silently
+            raise UserError(f"{opt}: did you mean --resume? (it is spelled out in full)")
         if a == "--resume" or a.startswith("--resume="):
             if value is not None:
                 raise UserError("--resume given twice")
@@ -130,6 +135,11 @@ def take_resume(argv: list[str]) -> tuple[list[str], str | None]:
                 nxt = argv[i + 1] if i + 1 < len(argv) else None
                 if nxt is not None and nxt.endswith(".pt") and not Path(nxt).exists():
                     raise UserError(f"--resume {nxt}: checkpoint not found")
+                if nxt is not None and not nxt.startswith("-") and not nxt.endswith(
+                        ".toml") and nxt not in RESUME_WORDS and not Path(nxt).exists():
+                    raise UserError(f"--resume {nxt}: no such run folder or checkpoint "
+                                    "(--resume alone continues run.dir's newest checkpoint; "
+                                    "`rnntrain runs` lists the run folders)")
                 if nxt is not None and (nxt in RESUME_WORDS or Path(nxt).is_dir() or (
                         Path(nxt).is_file() and not nxt.endswith(".toml"))):
                     value = nxt
