@@ -37,16 +37,22 @@ NO_EQUIVALENT = {
     "actDecay": ("0", "activation decay penalty is not supported"),
     "batchLearn": ("false", "full-batch learning is not supported; batches are "
                             "train.batch_frames"),
-    "dictionary": ("", "dictionary-constrained decoding is not supported"),
-    "bigrams": ("", "language-model decoding is not supported"),
     "nBest": ("1", "n-best decoding is not supported; rnntrain decode does best path or "
                    "beam search"),
     "fixedLength": ("-1", "fixed-length decoding is not supported"),
 }
+# decoding settings: in rnntrain they are options of the commands that decode
+DECODING = {
+    "dictionary": "a decoding setting here: rnntrain decode/eval/transcribe CHECKPOINT ... "
+                  "--lexicon {value} --space LABEL (one word per line, optionally followed by "
+                  "its labels, as RNNLIB's dictionaries)",
+    "bigrams": "a decoding setting here: build an ARPA model (rnntrain-data ngram TEXT --out "
+               "LM.arpa) and decode with --lm LM.arpa; RNNLIB's bigram file is not read",
+}
 KNOWN = {"task", "trainFile", "valFile", "testFile", "hiddenSize", "hiddenType",
          "bidirectional", "recurrent", "inputBlock", "learnRate", "momentum", "optimiser",
          "seqsPerWeightUpdate", "totalEpochs", "maxTestsNoBest", "inputNoiseDev", "randSeed",
-         "dataFraction", "initWeightRange", "loadWeights"} | set(IGNORED) | set(NO_EQUIVALENT)
+         "dataFraction", "initWeightRange", "loadWeights"} | set(IGNORED) | set(NO_EQUIVALENT) | set(DECODING)
 
 
 def parse(text: str, source: str = "config") -> dict[str, str]:
@@ -231,6 +237,9 @@ def convert(entries: dict[str, str], source: str = "config",
     for key, value in entries.items():
         if key in IGNORED:
             warn.append(f"{key} {value}: ignored ({IGNORED[key]})")
+        elif key in DECODING:
+            if value.strip():
+                warn.append(f"{key} {value}: {DECODING[key].format(value=value)}")
         elif key in NO_EQUIVALENT:
             default, why = NO_EQUIVALENT[key]
             if value.strip().lower() != default:

@@ -145,3 +145,15 @@ def test_parse_takes_the_last_value_and_skips_comments():
     e = parse("# comment\nlearnRate 1e-3\n\nlearnRate  1e-5 \nverbose\n")
     assert e == {"learnRate": "1e-5", "verbose": ""}
     assert np.isclose(float(e["learnRate"]), 1e-5)
+
+
+def test_dictionary_and_bigrams_point_at_the_decoding_options(tmp_path):
+    """RNNLIB's dictionary is rnntrain's --lexicon, its bigrams an --lm: the warning says
+    so instead of 'not supported'."""
+    r, warnings = convert(tmp_path, "task transcription\ntrainFile t.nc\nhiddenSize 10\n"
+                                    "dictionary words.dict\nbigrams b.txt\n")
+    assert r.returncode == 0, r.stderr
+    text = "\n".join(warnings)
+    assert "not supported" not in text
+    assert "dictionary words.dict:" in text and "--lexicon words.dict --space LABEL" in text
+    assert "bigrams b.txt:" in text and "--lm LM.arpa" in text
