@@ -15,6 +15,18 @@ from rnntrain.errors import UserError
 
 
 def _cmd_train(args) -> int:
+    try:
+        _train(args)
+    except BaseException as e:
+        from rnntrain.parallel import launch as dist
+        # N ranks: name this rank and end the whole job (no hang); a mistake every rank
+        # finds alike is printed once
+        dist.fail(e)
+        raise
+    return 0
+
+
+def _train(args):
     from rnntrain.cli_args import resolve_resume
     from rnntrain.config import load_config
     args.resume, args.overrides = resolve_resume(args.resume, args.overrides)
@@ -25,13 +37,7 @@ def _cmd_train(args) -> int:
     from rnntrain.compute import allocator
     allocator.configure(cfg.train.allocator)  # before torch starts any thread
     from rnntrain.run.train import train  # torch: imported once the arguments are known to be good
-    try:
-        train(cfg, args.config, args.overrides, resume=args.resume)
-    except BaseException as e:
-        from rnntrain.parallel import launch as dist
-        dist.fail(e)  # N ranks: name this rank and abort the whole job (no hang)
-        raise
-    return 0
+    train(cfg, args.config, args.overrides, resume=args.resume)
 
 
 def _load_for_eval(checkpoint: str, data: str, device: str, need_targets: bool = True,

@@ -24,6 +24,14 @@ class DataError(UserError):
         self.path, self.var, self.seq, self.tag = str(path), var, seq, tag
 
 
+class SharedError(UserError):
+    """A UserError that every rank of a job raises alike, at the same point, because a
+    collective agreed on it (the run-folder verdict, ranks whose configs differ). Each
+    rank can then leave on its own with the same status: rank 0 prints the line, the
+    others leave quietly, and nobody aborts the job (an MPI abort adds the launcher's own
+    lines to the one that matters)."""
+
+
 class ConfigError(UserError):
     """Bad configuration: unknown key, wrong type, impossible value."""
 

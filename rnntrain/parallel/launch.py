@@ -130,8 +130,11 @@ def fail(exc: BaseException):
 
     When the launch itself cannot work (every process finds the same problem in the same
     environment, before any engine runs), only the process the launcher calls rank 0
-    reports it; the others exit with the same status quietly: one line, not N."""
-    if _COMM is None and _ENV_ERROR and _launcher_rank() > 0:
+    reports it; the others exit with the same status quietly: one line, not N. The same
+    holds for a user's mistake found before the engine runs (a bad config or override):
+    every process of the launch runs the same command line."""
+    if _COMM is None and (_ENV_ERROR or isinstance(exc, UserError)) and \
+            _launcher_rank() > 0:
         # leave after rank 0 has printed: the launcher stops the job when any process exits
         time.sleep(3.0)
         os._exit(2)

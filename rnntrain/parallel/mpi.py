@@ -21,7 +21,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from rnntrain.errors import UserError
+from rnntrain.errors import SharedError, UserError
 
 # Variables that MPI launchers put into each rank's environment. Presence of one means
 # "started by a launcher, initialise MPI"; the world size then comes from MPI itself.
@@ -209,7 +209,7 @@ class MPIComm(LocalComm):
         self.calls["check_same"] += 1
         values = self.comm.allgather(value)
         if any(v != values[0] for v in values):
-            raise UserError(f"ranks disagree on {what}: " +
+            raise SharedError(f"ranks disagree on {what}: " +
                             ", ".join(f"rank {r}: {v}" for r, v in enumerate(values)))
 
     def barrier(self):
@@ -382,6 +382,17 @@ def fail(exc: BaseException):
 def fail_job(comm: LocalComm | None, exc: BaseException):
     """``fail`` for any engine's communicator (``comm.abort`` ends its job)."""
     if comm is None or comm.size == 1 or isinstance(exc, SystemExit):
+        return
+    if isinstance(exc, SharedError):
+        # every rank raised it alike after a collective: no abort (MPICH would add its own
+        # "MPI_Abort(...)" line); rank 0 prints it (the CLI), the others leave quietly
+        # with the same status
+        if comm.rank != 0:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            if isinstance(comm, MPIComm):
+                comm.MPI.Finalize()
+            os._exit(2)
         return
     if comm.rank != 0:
         # when every rank fails alike (a check that all ranks make), let rank 0 report

@@ -172,7 +172,7 @@ class TorchComm(LocalComm):
     def check_same(self, value, what: str):
         values = self.allgather(value)
         if any(v != values[0] for v in values):
-            raise UserError(f"ranks disagree on {what}: " +
+            raise SharedError(f"ranks disagree on {what}: " +
                             ", ".join(f"rank {r}: {v}" for r, v in enumerate(values)))
 
     def barrier(self):

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from rnntrain.errors import UserError
+from rnntrain.errors import SharedError, UserError
 from rnntrain.fsutil import atomic_write
 
 
@@ -131,7 +131,7 @@ def claim_run_folder(comm, run_dir: Path) -> tuple[RunLock | None, str | None]:
     if error:
         if lock is not None:
             lock.release()
-        raise UserError(error)
+        raise SharedError(error)  # every rank got the verdict
     return lock, existing
 
 

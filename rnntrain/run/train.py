@@ -28,7 +28,7 @@ from rnntrain.config import Config, to_dict, to_toml
 from rnntrain.data.dataset import Dataset, check_compatible
 from rnntrain.data.folds import fold_masks
 from rnntrain.data.plan import BatchPlanner, PlanSettings, padding_ratio
-from rnntrain.errors import UserError
+from rnntrain.errors import SharedError, UserError
 from rnntrain.parallel import collectives
 from rnntrain.parallel import launch as dist
 from rnntrain.parallel.exchange import overlap_wanted
@@ -84,6 +84,7 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
     # threads started from here on (the workers, the reader)
     allocator.configure(cfg.train.allocator)
     comm = dist.init(cfg.dist, cfg.train.device)
+    collectives.agree_config(comm, to_dict(cfg))  # a key that differs is named, not a checksum
     trace.attach(lambda: collectives.wait_for_all(comm))  # aligns the ranks' clocks (--trace)
     tc, rank = cfg.train, comm.rank
     device = pick_device(tc.device, comm.local_rank)
@@ -111,7 +112,7 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
     if resume == "if-any":  # a requeued batch job: continue if there is something to continue
         resume = "auto" if why else None
     if not resume and why:
-        raise UserError(why)
+        raise SharedError(why)  # every rank got the verdict
     log = RunLog(run_dir if rank == 0 else None, cfg.log)
     state = TrainState(world=comm.size)
     if rank == 0:  # an MPI abort ends this process without the finally below
