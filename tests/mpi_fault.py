@@ -6,7 +6,8 @@ KIND: "raise" (an exception in a worker), "kill" (SIGKILL itself), "stop" (SIGST
 stuck, still alive), "kill-in-backward" (with dist.overlap on: SIGKILL itself during the
 last task's backward, right after its first gradient bucket started), "term" (SIGTERM to
 itself: this rank alone asks to stop), "baddata" (this rank
-reads a missing data file: a UserError), "data=PATH" (this rank trains on another file).
+reads a missing data file: a UserError), "data=PATH" (this rank trains on another file;
+both with the same config on every rank).
 The fault hits rank RANK when it computes step STEP (0-based, within the epoch).
 """
 import os
@@ -22,10 +23,17 @@ def main():
     env = os.environ
     rank = int(env.get("RANK", env.get("PMI_RANK", env.get("OMPI_COMM_WORLD_RANK", "0"))))
     if rank == int(target):
-        if kind == "baddata":
-            argv.append("data.train=/nonexistent/train.nc")
-        elif kind.startswith("data="):
-            argv.append(f"data.train={kind[5:]}")
+        if kind == "baddata" or kind.startswith("data="):
+            # this rank opens another training file than its config names (the config
+            # stays the same on every rank: ranks whose configs differ stop at start-up)
+            from rnntrain.data.dataset import Dataset
+            other = "/nonexistent/train.nc" if kind == "baddata" else kind[5:]
+            open_file, calls = Dataset.open, []
+
+            def open_other(path, *a, **k):
+                calls.append(path)
+                return open_file(other if len(calls) == 1 else path, *a, **k)  # train first
+            Dataset.open = staticmethod(open_other)
         elif kind == "kill-in-backward":
             from rnntrain.parallel.torchdist import GradBuckets
             launch, call, now = GradBuckets._launch, step.TaskComputer.__call__, [0]

@@ -598,6 +598,36 @@ def test_mpi_abort_leaves_status_failed_with_the_reason(tmp_path, synth_pair):
     assert "rank 1 of 2" in st["error"] and "injected fault at step 3" in st["error"]
 
 
+@needs_mpi
+@pytest.mark.mpi
+def test_ranks_told_which_config_keys_differ_and_one_line_per_shared_mistake(tmp_path,
+                                                                           tiny_run):
+    """Two ranks started with different overrides (MPMD) are told the differing keys and
+    each rank's value, not a weight checksum; a run folder that holds another run is
+    refused on both ranks. Each case: one error line, exit 2, no MPI_Abort line, nothing
+    written."""
+    data, cfg, run = tiny_run
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    new = tmp_path / "new"
+    cmd = [sys.executable, "-m", "rnntrain", "train", cfg, f"run.dir={new}"]
+    differ = subprocess.run([_mpiexec(), "-n", "1", *cmd, "train.seed=1", ":", "-n", "1",
+                             *cmd, "train.seed=2", "optim.lr=0.002"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=180)
+    before = sorted(p.name for p in run.rglob("*"))
+    taken = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-m", "rnntrain", "train",
+                            cfg, f"run.dir={run}"], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=180)
+    for p, want in ((differ, "ranks disagree on the config: optim.lr (0.001 on rank 0; "
+                             "0.002 on rank 1), train.seed (1 on rank 0; 2 on rank 1); "),
+                    (taken, f"run folder {run} already holds checkpoints of a run")):
+        lines = [ln for ln in p.stderr.splitlines() if "error" in ln.lower() or "abort" in
+                 ln.lower()]
+        assert p.returncode == 2 and len(lines) == 1, p.stderr[-3000:]
+        assert lines[0].startswith("rnntrain train: error: ") and want in lines[0], lines
+        assert "Traceback" not in p.stderr
+    assert not new.exists() and sorted(p.name for p in run.rglob("*")) == before
+
+
 def test_audio_list_not_utf8_or_fifo(tmp_path):
     from data_tools.audio import read_list
     bad = tmp_path / "l.tsv"
