@@ -135,8 +135,9 @@ def take_resume(argv: list[str]) -> tuple[list[str], str | None]:
                 nxt = argv[i + 1] if i + 1 < len(argv) else None
                 if nxt is not None and nxt.endswith(".pt") and not Path(nxt).exists():
                     raise UserError(f"--resume {nxt}: checkpoint not found")
-                if nxt is not None and not nxt.startswith("-") and not nxt.endswith(
-                        ".toml") and nxt not in RESUME_WORDS and not Path(nxt).exists():
+                if nxt is not None and not nxt.startswith("-") and "=" not in nxt and \
+                        not nxt.endswith(".toml") and nxt not in RESUME_WORDS and \
+                        not Path(nxt).exists():  # (an override stays where it is)
                     raise UserError(f"--resume {nxt}: no such run folder or checkpoint "
                                     "(--resume alone continues run.dir's newest checkpoint; "
                                     "`rnntrain runs` lists the run folders)")

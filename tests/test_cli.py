@@ -14,6 +14,7 @@ import pytest
 from rnntrain import cli
 from rnntrain.cli_args import split_overrides, take_resume
 from rnntrain.config import section_names
+from rnntrain.errors import UserError
 from tests.conftest import ROOT, run_cli, run_cli_batch, train_here
 
 SECTIONS = section_names()
@@ -45,6 +46,13 @@ def test_resume_takes_only_what_it_can_use(tmp_path, monkeypatch):
     assert take_resume(["--resume"]) == ([], "auto")
     assert take_resume(["--resume", "last.pt", "c.toml"]) == (["c.toml"], "last.pt")
     assert take_resume(["--resume", "if-any"]) == ([], "if-any")
+    # a word that is no existing path: a missing run folder, said so (it used to become
+    # the config file, or "unrecognized arguments"); --resum is not silently --resume
+    with pytest.raises(UserError, match="--resume runs/nope: no such run folder"):
+        take_resume(["--resume", "runs/nope"])
+    for typo in (["--resum"], ["--resu", "auto"], ["--resum=x"]):
+        with pytest.raises(UserError, match="did you mean --resume"):
+            take_resume(typo)
     assert take_resume(["--resume=nothing-here.pt"]) == ([], "nothing-here.pt")
     with pytest.raises(ValueError, match="nope.pt: checkpoint not found"):
         take_resume(["--resume", "nope.pt"])

@@ -5,16 +5,24 @@ Imports nothing heavy, so building the command-line parser stays fast.
 """
 from __future__ import annotations
 
+import argparse
 from typing import Sequence
 
-from rnntrain.cli_args import finite_float, number_arg, positive_int
+from rnntrain.cli_args import finite_float, non_negative_int, positive_int
 
 MAX_BEAM = 1024
-# a beam of 100,000 searched for minutes without a word; the cost grows with the width and
-# widths past a few hundred do not change CTC hypotheses in practice
-beam_width = number_arg(int, lambda v: 0 <= v <= MAX_BEAM, f"between 0 and {MAX_BEAM} (a wider "
-                     "beam costs time in proportion and changes nothing; 8 to 64 is usual)")
-from rnntrain.errors import UserError
+
+
+def beam_width(text: str) -> int:
+    """--beam: 0 (best path) to MAX_BEAM. A beam of 100,000 searched for minutes without a
+    word; the cost grows with the width, and widths past a few hundred do not change CTC
+    hypotheses in practice."""
+    v = non_negative_int(text)
+    if v > MAX_BEAM:
+        raise argparse.ArgumentTypeError(f"{v} is more than {MAX_BEAM} (a wider beam costs "
+                                         "time in proportion and changes nothing; 8 to 64 "
+                                         "is usual)")
+    return v
 
 
 def add_decoder_arguments(p, default_threads: int = 0, threads: bool = True) -> None:
