@@ -74,7 +74,8 @@ def test_impossible_numbers_are_refused_by_the_parser(argv, capsys):
         cli.main(argv)
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "must be >= 0" in err or "is not an integer" in err, err
+    assert ("must be >= 0" in err or "must be between 0 and" in err
+            or "is not an integer" in err), err
 
 
 def _subparsers(parser):
