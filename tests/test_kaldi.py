@@ -168,6 +168,14 @@ def test_pipes_are_run_only_when_allowed(tmp_path):
     _ok(run_cli("data_tools", "kaldi", d, "--out", tmp_path / "p.nc", "--allow-pipes"))
     seqs = read_file(tmp_path / "p.nc")[1]
     np.testing.assert_array_equal(seqs[0], seqs[1])  # the piped WAV is the same audio
+    # segments of a piped recording: the same spans as of the file
+    (d / "wav.scp").write_text(f"r1 {tmp_path / 'a.wav'}\nr2 cat {tmp_path / 'a.wav'} |\n")
+    (d / "segments").write_text("u1 r1 0.1 0.3\nu2 r2 0.1 0.3\n")
+    _ok(run_cli("data_tools", "kaldi", d, "--out", tmp_path / "s.nc", "--allow-pipes"))
+    seqs = read_file(tmp_path / "s.nc")[1]
+    assert len(seqs[0]) < len(read_file(tmp_path / "p.nc")[1][0])
+    np.testing.assert_array_equal(seqs[0], seqs[1])
+    (d / "segments").unlink()
     _ok(run_cli("data_tools", "kaldi", f, "--out", tmp_path / "q.nc", "--allow-pipes"))
     got = read_file(tmp_path / "q.nc")[1][0]
     np.testing.assert_allclose(got, (m - m.mean(0)) / m.std(0), atol=2e-5)
