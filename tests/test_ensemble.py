@@ -328,3 +328,22 @@ def test_crossfold_resumes_after_a_kill_to_the_weights_of_direct_training(tmp_pa
     rc, text, err = _cli(capsys, "eval", out, synth_pair[1], "--json")
     assert rc == 0 and json.loads(text)["seqs"] > 0, err
     shutil.rmtree(tmp_path / "direct-0")
+
+
+def test_a_crossfold_with_a_test_set_scores_its_ensemble_both_ways(tmp_path, synth_pair,
+                                                                   capsys):
+    from rnntrain.tools.crossfold import fold_runs, score_ensemble
+    cfg = _fold_config(tmp_path, synth_pair)
+    out = tmp_path / "cf"
+    for name, ov in fold_runs(2, [f"data.test={synth_pair[1]}"]):
+        train_here(cfg, *ov, f"run.dir={out / name}")
+    (out / "crossfold.json").write_text(json.dumps({"runs": ["fold-0", "fold-1"]}))
+    score_ensemble(out, str(synth_pair[1]), ["fold-0", "fold-1"])
+    table = (out / "ensemble.md").read_text()
+    for how in ("vote", "posteriors"):  # as eval scores it
+        rc, text, err = _cli(capsys, "eval", out, synth_pair[1], "--json", "--combine", how)
+        assert rc == 0, err
+        assert f"| ensemble of 2, --combine {how} | {json.loads(text)['ler']:.4f} |" in table
+    for i in (0, 1):  # each fold alone: the test score its run logged
+        rc, text, err = _cli(capsys, "eval", out / f"fold-{i}", synth_pair[1], "--json")
+        assert f"| fold-{i} alone | {json.loads(text)['ler']:.4f} |" in table

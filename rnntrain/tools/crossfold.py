@@ -11,7 +11,9 @@ cluster job continues), for a cluster to run side by side.
 
 ``OUT/crossfold.json`` records the folds; ``OUT`` itself then names the ensemble of the
 folds' best checkpoints wherever a model is expected (``rnntrain eval OUT DATA``,
-``decode``, ``transcribe``; see ``rnntrain.infer.ensemble``).
+``decode``, ``transcribe``; see ``rnntrain.infer.ensemble``). With ``data.test`` set, the
+ensemble is scored on it at the end, voting and averaging, beside each fold alone
+(``OUT/ensemble.md``).
 """
 from __future__ import annotations
 
@@ -90,13 +92,50 @@ def crossfold(config: str, folds: int, overrides: list[str], out: str | None = N
           flush=True)
     grid = [("data.fold", [str(i) for i in range(folds)])]
     failed = run_all(config, folder, grid, runs, prefix, show_output)
-    print(f"crossfold: results in {folder / 'results.md'}; the ensemble of the folds: "
-          f"rnntrain eval {shlex.quote(str(folder))} DATA", file=sys.stderr)
     if failed:
         print(f"crossfold: {failed} of {folds} folds failed (see console.log in their "
               f"folders); run the same command again to continue", file=sys.stderr)
         return 1
+    if cfg.data.test:
+        score_ensemble(folder, cfg.data.test, [name for name, _ in runs])
+    print(f"crossfold: results in {folder / 'results.md'}; the ensemble of the folds: "
+          f"rnntrain eval {shlex.quote(str(folder))} DATA", file=sys.stderr)
     return 0
+
+
+def fold_test_ler(run_dir: Path) -> float | None:
+    """The test LER a fold's run logged at its end (its best checkpoint on data.test)."""
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    recs = [json.loads(ln) for ln in lines if '"test"' in ln]
+    recs = [r for r in recs if r.get("split") == "test"]
+    return recs[-1].get("ler") if recs else None
+
+
+def score_ensemble(folder: Path, test: str, names: list[str]):
+    """Score the folds' ensemble on data.test both ways (``rnntrain eval --json``, a
+    subprocess each) beside each fold alone; print it and write ``ensemble.md``."""
+    import subprocess
+    rows = []
+    for how in ("vote", "posteriors"):
+        cmd = [sys.executable, "-m", "rnntrain", "eval", str(folder), test,
+               "--combine", how, "--json"]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            print(f"crossfold: scoring the ensemble failed: {p.stderr.strip()[-300:]}",
+                  file=sys.stderr)
+            return
+        rows.append((f"ensemble of {len(names)}, --combine {how}", json.loads(p.stdout)["ler"]))
+    rows += [(f"{name} alone", fold_test_ler(folder / name)) for name in names]
+    md = [f"# Crossfold {folder.name}: test LER ({test}, best path)", "",
+          "| model | test LER |", "|---|---:|"]
+    md += [f"| {what} | {'-' if ler is None else f'{ler:.4f}'} |" for what, ler in rows]
+    atomic_write(folder / "ensemble.md", "\n".join(md) + "\n")
+    for what, ler in rows:
+        print(f"crossfold: test LER {'-' if ler is None else f'{ler:.4f}'}: {what}",
+              file=sys.stderr)
 
 
 def read_manifest(folder: Path) -> dict | None:
