@@ -12,8 +12,11 @@
 # Run it again after an interruption: finished runs are kept, interrupted ones resume.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -n "${PYTHON:-}" ] || source scripts/env.sh
+# the project's environment as run_train.sh sets it up ($PYTHON: your own; a folder that
+# `rnntrain init --recipe` wrote has no scripts/env.sh: the rnntrain on PATH is used)
+[ -n "${PYTHON:-}" ] || [ ! -f scripts/env.sh ] || source scripts/env.sh
 PY="${PYTHON:-python}"
+DT=$([ -f data_tools/cli.py ] && echo data_tools || echo rnntrain_data)  # installed: rnntrain_data
 SRC=${ARCHISCRIBE:-../shared/data/archiscribe}
 HEIGHT=${HEIGHT:-32}
 EPOCHS=${EPOCHS:-20}
@@ -39,9 +42,9 @@ for name, lines in lists.items():
     (out / f"{name}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
 EOF
     # one alphabet for the three sets: every character of the corpus
-    "$PY" -m data_tools images --list "$OUT/all.tsv" --out "$OUT/all.nc" --chars --height "$HEIGHT"
+    "$PY" -m "$DT" images --list "$OUT/all.tsv" --out "$OUT/all.nc" --chars --height "$HEIGHT"
     for s in train val test; do
-        "$PY" -m data_tools images --list "$OUT/$s.tsv" --out "$OUT/$s.nc" --chars \
+        "$PY" -m "$DT" images --list "$OUT/$s.tsv" --out "$OUT/$s.nc" --chars \
             --height "$HEIGHT" --labels-from "$OUT/all.nc"
     done
     rm "$OUT/all.nc"

@@ -14,7 +14,9 @@
 # finished folds are kept and the interrupted one resumes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -n "${PYTHON:-}" ] || source scripts/env.sh
+# the project's environment as run_train.sh sets it up ($PYTHON: your own; a folder that
+# `rnntrain init --recipe` wrote has no scripts/env.sh: the rnntrain on PATH is used)
+[ -n "${PYTHON:-}" ] || [ ! -f scripts/env.sh ] || source scripts/env.sh
 PY="${PYTHON:-python}"
 FOLDS=${FOLDS:-5}
 AUGMENT=${AUGMENT:-lines}
