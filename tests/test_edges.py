@@ -786,3 +786,27 @@ def test_model_lm_and_lexicon_fifo_or_endless_refused_and_arpa_checked(tmp_path,
             if k.startswith("arpa-"):
                 assert str(tmp_path / f"{k[5:]}.arpa") in msg, msg
     assert not (tmp_path / "m.onnx").exists() and stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+# ---------------------------------------------------------------- the newcomer's path
+
+def test_training_ends_on_one_summary_line(tmp_path, tiny_run):
+    """The last line names the best validation LER and its epoch (as best.pt records
+    them), the test LER, where best.pt is and the wall time."""
+    data, cfg, _ = tiny_run
+    run = tmp_path / "run"
+    p = run_cli("rnntrain", "train", cfg, f"data.val={data}", f"data.test={data}",
+                "train.epochs=3", "optim.lr=0.05", f"run.dir={run}", timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    last = p.stderr.strip().splitlines()[-1]
+    m = re.fullmatch(r"finished 3 epoch\(s\), (\d+) steps: best validation LER ([\d.]+) at "
+                     r"epoch (\d), test LER ([\d.]+); model (\S+); wall time (\d+ min )?\d+ s",
+                     last)
+    assert m, last
+    best = torch.load(run / "checkpoints" / "best.pt", weights_only=True)["state"]
+    assert float(m.group(2)) == pytest.approx(best["best_ler"], abs=5e-5)
+    assert int(m.group(3)) == best["epoch"]            # saved after the epoch it scored
+    assert Path(m.group(5)) == run / "checkpoints" / "best.pt"
+    test = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()
+            if '"test"' in x]
+    assert float(m.group(4)) == pytest.approx(test[-1]["ler"], abs=5e-5)

@@ -9,6 +9,8 @@ repeats the uninterrupted one exactly.
 """
 from __future__ import annotations
 
+import json
+import math
 import sys
 import time
 from functools import partial
@@ -83,6 +85,7 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
     # the CLI sets it before torch is imported; from the Python API it holds for the
     # threads started from here on (the workers, the reader)
     allocator.configure(cfg.train.allocator)
+    t_start = time.monotonic()
     comm = dist.init(cfg.dist, cfg.train.device)
     collectives.agree_config(comm, to_dict(cfg))  # a key that differs is named, not a checksum
     trace.attach(lambda: collectives.wait_for_all(comm))  # aligns the ranks' clocks (--trace)
@@ -223,8 +226,12 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
             if tc.patience and state.since_best >= tc.patience:
                 log.info(f"early stop: no improvement in {tc.patience} validations")
                 break
+        test = None
         if cfg.data.test:  # the held-out score of the best checkpoint, once, at the end
-            test_best(log, model, train_ds, cfg, device, comm, workers, state)
+            test = test_best(log, model, train_ds, cfg, device, comm, workers, state)
+        if log.folder:
+            log.info(final_summary(log.folder, log.checkpoints, state, test,
+                                   time.monotonic() - t_start))
         return run_dir
     finally:  # on an error too: the bar must not redraw after the error message
         for obj in (bar, feed):
@@ -326,6 +333,41 @@ def test_best(log: RunLog, model, train_ds, cfg: Config, device, comm, workers: 
     log.info(f"test ({cfg.data.test}, best checkpoint): LER {summ['ler']:.4f} (sub "
              f"{summ['sub']:.4f} del {summ['del']:.4f} ins {summ['ins']:.4f}), seq "
              f"error {summ['seq_error']:.4f}, loss {summ['loss']:.3f}")
+    return summ
+
+
+def best_validation(metrics_path: Path) -> tuple[float, int] | None:
+    """(LER, 1-based epoch) of the best validation record in ``metrics.jsonl`` (ties go to
+    the lower loss, as ``TrainState.record_validation``), over every session of the run;
+    None without one."""
+    best = None
+    try:
+        lines = metrics_path.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue  # a line cut by a kill
+        if isinstance(r, dict) and r.get("split") == "val" and "ler" in r:
+            key = (r["ler"], r.get("loss", math.inf), int(r.get("epoch", 0)) + 1)
+            best = key if best is None or key[:2] < best[:2] else best
+    return None if best is None else (best[0], best[2])
+
+
+def final_summary(folder: Path, checkpoints: Path, state: TrainState, test: dict | None,
+                  seconds: float) -> str:
+    """The line a training ends on: best validation LER, its epoch, where best.pt is,
+    the test LER (with data.test) and the wall time of this process."""
+    m, s = divmod(int(round(seconds)), 60)
+    wall = f"{m} min {s} s" if m else f"{s} s"
+    best = best_validation(folder / "metrics.jsonl")
+    head = (f"best validation LER {best[0]:.4f} at epoch {best[1]}" if best else
+            "no validation set (best.pt is the last epoch's)")
+    tail = f", test LER {test['ler']:.4f}" if test else ""
+    return (f"finished {state.epoch} epoch(s), {state.step} steps: {head}{tail}; model "
+            f"{checkpoints / 'best.pt'}; wall time {wall}")
 
 
 def load_best(log: RunLog, model, comm):
