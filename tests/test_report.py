@@ -95,3 +95,29 @@ def test_report_errors_are_one_line(tmp_path):
         r = run_cli("rnntrain", "report", target)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert str(target) in r.stderr and "Traceback" not in r.stderr
+
+
+def test_curves_show_ler_on_a_log_axis_the_best_checkpoint_and_the_lr(two_runs):
+    """LER on a log axis that keeps 0; a star on the validation best.pt holds (its epoch as
+    best.pt's own training state records it); the learning rate has its own row."""
+    import matplotlib.pyplot as plt
+    import torch
+    from rnntrain.tools.report import RunData, curves_figure
+    runs = [RunData(p, p.name) for p in two_runs]
+    fig = curves_figure(runs)
+    try:
+        by_title = {ax.get_title(): ax for ax in fig.axes}
+        ler = by_title["label error rate over step"]
+        assert ler.get_yscale() == "symlog" and ler.get_ylim()[0] == 0
+        lr = by_title["learning rate over step"]
+        for r, line in zip(runs, [ln for ln in lr.get_lines()]):
+            assert np.allclose(line.get_ydata(), [x["lr"] for x in r.train])
+        stars = [ln for ln in ler.get_lines() if ln.get_marker() == "*"]
+        assert len(stars) == len(runs)
+        for r, star in zip(runs, stars):
+            state = torch.load(r.path / "checkpoints" / "best.pt", weights_only=True)["state"]
+            best = [v for v in r.val if v["epoch"] + 1 == state["epoch"]][0]
+            assert star.get_xdata()[0] == best["step"]
+            assert star.get_ydata()[0] == pytest.approx(state["best_ler"])
+    finally:
+        plt.close(fig)

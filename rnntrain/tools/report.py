@@ -1,7 +1,8 @@
 """``rnntrain report RUN_DIR [RUN_DIR ...]``: PNG plots and a markdown summary of runs.
 
 Figures (several runs overlay, one colour per run):
-  curves.png      train/val CTC loss and label error rate over steps and over wall time
+  curves.png      train/val CTC loss, label error rate (log axis, best.pt starred) and the
+                  learning rate, over steps and over wall time
   throughput.png  training frames/s and the padding overhead of the batches over steps
   time_split.png  mean time per step by phase — data wait, compute, barrier wait,
                   communication, update — for each run and rank
@@ -108,13 +109,33 @@ def _plt():
     return plt
 
 
+def best_val(recs: list[dict]) -> int | None:
+    """Index of the validation record best.pt holds: the lowest LER, ties to the lower loss
+    (``TrainState.record_validation``); None without one."""
+    ok = [i for i, r in enumerate(recs) if np.isfinite(r.get("ler", np.nan))]
+    return min(ok, key=lambda i: (recs[i]["ler"], recs[i].get("loss", np.inf)), default=None)
+
+
 def plot_curves(runs: list[RunData], out: Path) -> Path:
     plt = _plt()
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
+    fig = curves_figure(runs)
+    path = out / "curves.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def curves_figure(runs: list[RunData]):
+    """Loss, LER and learning rate (rows) over steps and over wall time (columns). LER on a
+    log axis (linear below 0.1 %, so 0 has a place): differences under 5 % stay visible.
+    The best validation (what best.pt holds) is starred and labelled with its epoch."""
+    plt = _plt()
+    fig, axes = plt.subplots(3, 2, figsize=(12, 11), constrained_layout=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     scale, unit = time_unit(runs)
     for row, (key, title) in enumerate((("loss", "CTC loss per sequence"),
-                                        ("ler", "label error rate"))):
+                                        ("ler", "label error rate"),
+                                        ("lr", "learning rate"))):
         for col, (xkey, xlabel) in enumerate((("step", "step"),
                                               ("time", f"wall time ({unit})"))):
             ax = axes[row, col]
@@ -123,22 +144,31 @@ def plot_curves(runs: list[RunData], out: Path) -> Path:
                 if r.train:
                     ax.plot(r.xs(r.train, xkey, scale), r.ys(r.train, key), color=c, lw=1.2,
                             alpha=0.8, label=f"{r.label} train")
-                if r.val:
+                if r.val and key != "lr":
                     ax.plot(r.xs(r.val, xkey, scale), r.ys(r.val, key), color=c, lw=2, ls="--",
                             marker="o", ms=4, label=f"{r.label} val")
+                b = best_val(r.val)
+                if key == "ler" and b is not None:
+                    x, y = r.xs(r.val, xkey, scale)[b], r.val[b]["ler"]
+                    ax.plot([x], [y], marker="*", ms=16, color=c, mec="black", zorder=5)
+                    xs = r.xs(r.train + r.val, xkey, scale)
+                    right = x > (np.nanmin(xs) + np.nanmax(xs)) / 2  # label towards the middle
+                    high = y > 0.3
+                    ax.annotate(f"best.pt: epoch {int(r.val[b].get('epoch', 0)) + 1}, "
+                                f"{100 * y:.2f} %", (x, y), textcoords="offset points",
+                                xytext=(-10 if right else 10, -12 if high else 10 + 12 * i),
+                                ha="right" if right else "left", va="top" if high else
+                                "bottom", fontsize=8, color=c)
             ax.set_xlabel(xlabel)
             ax.set_ylabel(title)
             ax.set_title(f"{title} over {xlabel.split(' (')[0]}")
             ax.grid(alpha=0.3)
-            if key == "loss" and _positive(runs, key):
+            if key in ("loss", "lr") and _positive(runs, key):
                 _log_axis(ax)
             if key == "ler":
-                ax.set_ylim(bottom=0)
+                _ler_axis(ax)
     _legend(axes[0, 0], runs)
-    path = out / "curves.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def _log_axis(ax):
@@ -148,6 +178,19 @@ def _log_axis(ax):
     ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _ler_axis(ax):
+    """LER in percent on a log axis that is linear below 0.1 % (a run at 0 % stays on the
+    plot): 0, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100 %."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+    ax.set_yscale("symlog", linthresh=1e-3, linscale=0.3)
+    ticks = [0.0] + [m * 10.0 ** e for e in range(-3, 0) for m in (1, 2, 5)] + [1.0]
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(0, max(min(hi, 1.05), 2e-3))
+    ax.yaxis.set_major_locator(FixedLocator([t for t in ticks if t <= max(hi, 2e-3) * 1.5]))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{100 * v:g} %"))
+    ax.yaxis.set_minor_locator(NullLocator())
 
 
 def _positive(runs, key) -> bool:
@@ -280,6 +323,9 @@ def report(run_dirs: list[str], out: str | None = None, tensorboard: bool = Fals
         raise UserError(f"{', '.join(map(str, paths))}: no metrics recorded yet "
                         f"(metrics.jsonl is empty)")
     outdir = Path(out) if out else (paths[0] / "report" if len(paths) == 1 else Path("report"))
+    if outdir.exists() and not outdir.is_dir():
+        raise UserError(f"--out {outdir}: not a folder (the report is a folder of PNGs and "
+                        "report.md)")
     outdir.mkdir(parents=True, exist_ok=True)
     images = [plot_curves(runs, outdir), plot_throughput(runs, outdir),
               plot_time_split(runs, outdir)]
