@@ -30,7 +30,7 @@ from rnntrain.config import DistConfig, load_config
 from rnntrain.data.dataset import Dataset
 from rnntrain.errors import ConfigError
 from rnntrain.parallel.exchange import overlap_wanted
-from rnntrain.parallel.mpi import LocalComm
+from rnntrain.parallel.comm import LocalComm
 
 from tests.conftest import ROOT, mpiexec
 from tests.test_mpi import rel_diff

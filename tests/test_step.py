@@ -23,7 +23,7 @@ from rnntrain.compute.optim import build_optimizer
 from rnntrain.config import Config
 from rnntrain.data.dataset import Dataset
 from rnntrain.data.plan import BatchPlanner, PlanSettings, make_plan
-from rnntrain.parallel.mpi import LocalComm
+from rnntrain.parallel.comm import LocalComm
 from rnntrain.run import checkpoint as ckpt
 from rnntrain.run.runlog import RunLog
 from rnntrain.run.state import TrainState

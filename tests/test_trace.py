@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from rnntrain.parallel import collectives
-from rnntrain.parallel import mpi as dist
+from rnntrain.parallel.comm import LocalComm
 from rnntrain.run import trace
 from rnntrain.data.reader import ChunkReader
 from rnntrain.compute.pool import Task, WorkerPool
@@ -53,7 +53,7 @@ def test_window_pool_and_reader_spans(tmp_path):
     import time
     path = tmp_path / "t.json"
     trace.configure(str(path), (1, 3))
-    comm = dist.LocalComm()
+    comm = LocalComm()
     trace.attach(lambda: collectives.wait_for_all(comm))
     pool = WorkerPool(lambda w, t: time.sleep(0.002 * (t.index + 1)) or t.index, 2)
     reader = ChunkReader(lambda k: {k: k}, list(range(4)))

@@ -4,7 +4,7 @@ The step's own traffic is ``exchange.Exchange`` (one message per step, plus the 
 gather). Everything else that crosses ranks goes through here, so a reader finds every
 collective of a run in ``rnntrain/parallel/`` (a test checks that no other module calls
 one). Each is a collective: every rank calls it at the same point of the run. Alone
-(``LocalComm``) each is the identity.
+(``comm.LocalComm``) each is the identity.
 
 When they run: at start (``agree_config``: the resolved configs; ``from_root``: the
 run-folder check, the resume verdict; ``agree``: steps per epoch; ``rank_roster``; ``wait_for_all``: trace clock alignment), at
@@ -19,19 +19,20 @@ import torch
 
 from rnntrain.compute.model import flatten_params, unflatten_params
 from rnntrain.errors import SharedError
+from rnntrain.parallel.comm import Comm
 
 
-def from_root(comm, obj, root: int = 0):
+def from_root(comm: Comm, obj, root: int = 0):
     """Rank ``root``'s small picklable ``obj`` on every rank (start-up decisions)."""
     return comm.bcast_obj(obj, root)
 
 
-def agree(comm, value, what: str):
+def agree(comm: Comm, value, what: str):
     """A UserError on every rank when the ranks hold different ``value``s."""
     comm.check_same(value, what)
 
 
-def agree_config(comm, config: dict):
+def agree_config(comm: Comm, config: dict):
     """A SharedError on every rank naming each config key whose value differs between
     ranks (each rank reads its own config file and command line: a stray override on one
     rank otherwise shows only as a weight checksum that differs). ``config``: sections of
@@ -56,26 +57,26 @@ def agree_config(comm, config: dict):
                       "same config file and overrides")
 
 
-def rank_roster(comm) -> str:
+def rank_roster(comm: Comm) -> str:
     """Which process is which rank ("" alone)."""
     return comm.roster()
 
 
-def wait_for_all(comm):
+def wait_for_all(comm: Comm):
     comm.barrier()
 
 
-def sum_over_ranks(comm, arr: np.ndarray, what: str) -> np.ndarray:
+def sum_over_ranks(comm: Comm, arr: np.ndarray, what: str) -> np.ndarray:
     """Every rank's ``arr`` summed, in place, on every rank (one buffer allreduce)."""
     return comm.allreduce_(arr, what=what)
 
 
-def gather_all(comm, obj) -> list:
+def gather_all(comm: Comm, obj) -> list:
     """Every rank's picklable ``obj`` on every rank (end-of-run trace events)."""
     return comm.allgather(obj)
 
 
-def broadcast_weights(comm, params: list[torch.nn.Parameter], what: str, root: int = 0):
+def broadcast_weights(comm: Comm, params: list[torch.nn.Parameter], what: str, root: int = 0):
     """Rank ``root``'s parameter values into ``params`` on every rank (one broadcast)."""
     if comm.size == 1:
         return

@@ -34,6 +34,7 @@ from rnntrain.compute.device import masked_step
 from rnntrain.compute.model import flatten_params, unflatten_params
 from rnntrain.errors import ConfigError, UserError
 from rnntrain.compute.tasks import MSG_TAIL, FlatGrad
+from rnntrain.parallel.comm import Comm
 
 # header of a 16-bit message, float32: scale, non-finite flag, then the message tail
 # (the N_STATS stats and the stop flag)
@@ -102,7 +103,7 @@ class WireCodec:
         self.encode_into(b, ga + gb, sa + sb, fa + fb)
 
 
-def overlap_wanted(dcfg, comm, device: torch.device, workers: int) -> bool:
+def overlap_wanted(dcfg, comm: Comm, device: torch.device, workers: int) -> bool:
     """``dist.overlap`` resolved for this rank: "auto" is on for torch.distributed ranks on
     CUDA with one worker (allreduce, fp32 wire), "on" wherever it can run (also gloo on
     the CPU), "off" never. ConfigError when "on" cannot work here. Alone there is nothing
@@ -110,9 +111,8 @@ def overlap_wanted(dcfg, comm, device: torch.device, workers: int) -> bool:
     choice = getattr(dcfg, "overlap", "off")
     if choice == "off":
         return False
-    torch_engine = bool(getattr(comm, "tensor_collectives", False))
     if choice == "auto":
-        return (comm.size > 1 and torch_engine and device.type == "cuda" and workers == 1
+        return (comm.size > 1 and comm.can_overlap and device.type == "cuda" and workers == 1
                 and dcfg.mode == "allreduce" and dcfg.wire == "fp32")
     if dcfg.mode != "allreduce" or dcfg.wire != "fp32":
         raise ConfigError(f'dist.overlap = "on" needs dist.mode = "allreduce" and dist.wire '
@@ -123,7 +123,7 @@ def overlap_wanted(dcfg, comm, device: torch.device, workers: int) -> bool:
         raise ConfigError(f'dist.overlap = "on" needs one worker per rank (train.threads = '
                           f'1; this rank runs {workers}): set train.threads = 1 (and '
                           'train.intra_threads for the cores) or dist.overlap = "off"')
-    if comm.size > 1 and not torch_engine:
+    if comm.size > 1 and not comm.can_overlap:
         raise ConfigError('dist.overlap = "on" needs the torch.distributed engine '
                           f'(torchrun); this job runs on {comm.name}: use torchrun or '
                           'dist.overlap = "off"')
@@ -141,7 +141,7 @@ class Exchange:
     slot of the weight broadcast, so every rank learns rank 0's verdict.
     """
 
-    def __init__(self, comm, dcfg, flat: FlatGrad, params: list[torch.nn.Parameter],
+    def __init__(self, comm: Comm, dcfg, flat: FlatGrad, params: list[torch.nn.Parameter],
                  workers: int = 1):
         self.comm, self.mode, self.wire = comm, dcfg.mode, dcfg.wire
         self.flat, self.params = flat, params
@@ -149,10 +149,12 @@ class Exchange:
         # optimizer steps here: every rank in allreduce mode, rank 0 only in master mode
         self.updates = self.mode == "allreduce" or self.root
         cpu = flat.msg.device.type == "cpu"
-        # GPU ranks stage the message in pinned host memory (MPI reads host memory unless
-        # it is CUDA-aware); on the CPU the flat buffer itself is the message (no copy)
-        self._pinned = None if cpu else torch.empty(flat.msg.numel(), pin_memory=True)
-        self.host = flat.msg.numpy() if cpu else self._pinned.numpy()
+        # 16-bit wires encode on the host: GPU ranks stage the message in pinned host
+        # memory; on the CPU the flat buffer itself is the message (no copy)
+        self._pinned = None if cpu or self.wire == "fp32" else \
+            torch.empty(flat.msg.numel(), pin_memory=True)
+        self.host = flat.msg.numpy() if cpu else \
+            self._pinned.numpy() if self._pinned is not None else None
         n_params = sum(p.numel() for p in params)
         # master mode's broadcast: [weights (P,) | stop flag]
         self.weights = np.zeros(n_params + 1, np.float32)
@@ -201,9 +203,10 @@ class Exchange:
             self.bytes_sent += flat.msg.numel() * flat.msg.element_size()
             self._stop = bool(flat.msg[stop_at] > 0)
             return
-        if self.codec is None and getattr(self.comm, "tensor_collectives", False):
-            # torch.distributed: the message where it lives (NCCL on a GPU, without the
-            # host staging MPI needs; gloo on the CPU)
+        if self.codec is None:
+            # the fp32 message where it lives: the engine moves it (torch.distributed:
+            # NCCL on a GPU, gloo on the CPU; MPI: the CPU buffer itself, a GPU one through
+            # a pinned host copy)
             flat.msg[stop_at] = 1.0 if stop else 0.0
             if self.mode == "allreduce":
                 self.comm.allreduce_t(flat.msg, what)
@@ -213,28 +216,24 @@ class Exchange:
             if self.updates:  # (one value; the collective's wait has synchronised already)
                 self._stop = bool(flat.msg[stop_at] > 0)
             return
+        # 16-bit wire: encoded on the host, reduced with the codec's own op
         if self._pinned is not None:
             self._pinned.copy_(flat.msg)
         self.host[stop_at] = 1.0 if stop else 0.0  # host side: no device write to wait for
-        if self.codec is None:
-            buf = self.host
-        else:
-            grad, stats = self.host[: flat.numel], self.host[flat.numel:]
-            flag = 0.0 if np.isfinite(grad).all() and np.isfinite(stats).all() else 1.0
-            self.codec.encode_into(self.msg, grad, stats, flag)
-            buf = self.msg
+        grad, stats = self.host[: flat.numel], self.host[flat.numel:]
+        flag = 0.0 if np.isfinite(grad).all() and np.isfinite(stats).all() else 1.0
+        self.codec.encode_into(self.msg, grad, stats, flag)
         if self.mode == "allreduce":
-            self.comm.allreduce_(buf, self._combine, what=what)
+            self.comm.allreduce_(self.msg, self._combine, what=what)
         else:
-            self.comm.reduce_(buf, 0, self._combine, what=what)
-        self.bytes_sent += buf.nbytes
+            self.comm.reduce_(self.msg, 0, self._combine, what=what)
+        self.bytes_sent += self.msg.nbytes
         if not self.updates:
             return
-        if self.codec is not None:
-            grad, stats, flag = self.codec.decode(self.msg)
-            if flag:
-                stats[0] = np.nan  # some rank had Inf/NaN: the step is skipped everywhere
-            self.host[: flat.numel], self.host[flat.numel:] = grad, stats
+        grad, stats, flag = self.codec.decode(self.msg)
+        if flag:
+            stats[0] = np.nan  # some rank had Inf/NaN: the step is skipped everywhere
+        self.host[: flat.numel], self.host[flat.numel:] = grad, stats
         self._stop = bool(self.host[stop_at] > 0)  # read on the host copy: no device sync
         if self._pinned is not None:
             flat.msg.copy_(self._pinned, non_blocking=False)

@@ -18,7 +18,7 @@ from typing import Mapping
 
 from rnntrain.errors import UserError
 from rnntrain.parallel import mpi
-from rnntrain.parallel.mpi import LocalComm, on_abort  # noqa: F401  (on_abort: for train)
+from rnntrain.parallel.comm import Comm, LocalComm, on_abort  # noqa: F401  (on_abort: train)
 
 _TORCHRUN_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 # the per-process size variables of MPI launchers: (variable, launcher)
@@ -83,11 +83,11 @@ def choose(backend: str, environ: Mapping[str, str] = os.environ) -> str:
     return "local"
 
 
-_COMM: LocalComm | None = None
+_COMM: Comm | None = None
 _ENV_ERROR = False  # init failed on the environment alone: every process fails alike
 
 
-def init(dcfg=None, device: str = "auto") -> LocalComm:
+def init(dcfg=None, device: str = "auto") -> Comm:
     """The communicator of this job (kept for ``fail``; a second call returns it)."""
     global _COMM, _ENV_ERROR
     timeout = float(getattr(dcfg, "timeout_s", 120.0))
@@ -120,7 +120,7 @@ def init(dcfg=None, device: str = "auto") -> LocalComm:
 def launcher_prefix(size: int, environ: Mapping[str, str] = os.environ) -> str:
     """The command prefix that starts ``size`` processes like this job ("" alone), for the
     resume hint: torchrun under torch.distributed, else the MPI launcher (mpi.launcher_prefix)."""
-    if size > 1 and _COMM is not None and type(_COMM).__name__ == "TorchComm":
+    if size > 1 and _COMM is not None and _COMM.name == "torch":
         return f"torchrun --nproc-per-node {size}"
     return mpi.launcher_prefix(size, environ)
 

@@ -1,9 +1,9 @@
 """The MPI layer: the only module that imports mpi4py.
 
-``init()`` returns a communicator with one interface whether the job runs under an MPI
-launcher (MPIComm) or alone (LocalComm, the single-process stand-in), so nothing else in
-the trainer branches on MPI. Buffers are numpy arrays and travel with mpi4py's uppercase,
-buffer-based methods (never pickle) except for small start-up objects (``bcast_obj``).
+``init()`` returns a ``comm.Comm`` whether the job runs under an MPI launcher (MPIComm)
+or alone (``comm.LocalComm``), so nothing else in the trainer branches on MPI. Buffers
+are numpy arrays and travel with mpi4py's uppercase, buffer-based methods (never pickle)
+except for small start-up objects (``bcast_obj``); torch tensors go through host memory.
 
 Every per-step collective (``allreduce_``, ``reduce_``, ``bcast_``, ``allgather_``) runs
 under a deadline (``dist.timeout_s``): a rank that does not arrive (killed, stuck) is named
@@ -17,11 +17,15 @@ import threading
 import time
 import traceback
 from collections import Counter
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Mapping, NoReturn
 
 import numpy as np
 
 from rnntrain.errors import SharedError, UserError
+from rnntrain.parallel.comm import Combine, Comm, LocalComm, run_abort_hooks
+
+if TYPE_CHECKING:
+    import torch
 
 # Variables that MPI launchers put into each rank's environment. Presence of one means
 # "started by a launcher, initialise MPI"; the world size then comes from MPI itself.
@@ -34,32 +38,9 @@ _LAUNCHER_ENV = (
     "MPI_LOCALNRANKS",                                 # MPICH Hydra (local)
 )
 
-# Combining function of a custom reduction: (incoming bytes, in/out bytes) -> None.
-Combine = Callable[[np.ndarray, np.ndarray], None]
-
 # Roll-call tags on the control communicator (see MPIComm._wait); _TAG_FAIL carries a
 # failing rank's error to rank 0, which records it and ends the job (see ``fail``).
 _TAG_ROLL, _TAG_ALIVE, _TAG_FAIL = 71, 72, 73
-
-# Called with the message just before this process aborts the job (rank 0: the run
-# folder's status.json says "failed" with the reason instead of "running" forever).
-_ON_ABORT: list[Callable[[str], None]] = []
-
-
-def on_abort(fn: Callable[[str], None] | None):
-    """Register ``fn(message)`` to run before an abort (None clears the registration)."""
-    _ON_ABORT.clear()
-    if fn is not None:
-        _ON_ABORT.append(fn)
-
-
-def _run_abort_hooks(msg: str):
-    for fn in list(_ON_ABORT):
-        try:
-            fn(msg)
-        except Exception:  # never let the record keep the job from ending
-            pass
-
 
 def launched_by_mpi(environ: Mapping[str, str] = os.environ) -> bool:
     """True when an MPI launcher (mpiexec/mpirun of MPICH, Open MPI, Intel MPI, MVAPICH,
@@ -87,58 +68,11 @@ def launcher_prefix(size: int, environ: Mapping[str, str] = os.environ) -> str:
 _SPIN_S = 0.02  # busy-progress window of a collective before backing off (see _wait)
 
 
-class LocalComm:
-    """One process: every collective is the identity."""
-    rank, size, local_rank, local_size = 0, 1, 0, 1
-    name = "local"
-    timeout_s = float("inf")
-    calls: Counter = Counter()  # alone nothing crosses a process boundary: stays empty
-
-    def allreduce_(self, buf: np.ndarray, combine: Combine | None = None,
-                   what: str = "allreduce") -> np.ndarray:
-        """Sum ``buf`` over ranks, in place (``combine``: a custom reduction of raw bytes,
-        the whole buffer being one element); returns it."""
-        return buf
-
-    def reduce_(self, buf: np.ndarray, root: int = 0, combine: Combine | None = None,
-                what: str = "reduce") -> np.ndarray:
-        """Sum ``buf`` into ``root``'s ``buf`` (other ranks' buffers are left as they are)."""
-        return buf
-
-    def bcast_(self, buf: np.ndarray, root: int = 0, what: str = "broadcast") -> np.ndarray:
-        return buf
-
-    def allgather_(self, buf: np.ndarray, what: str = "allgather") -> np.ndarray:
-        """Every rank's ``buf`` (same shape everywhere) stacked: (size, *buf.shape)."""
-        return buf[None].copy()
-
-    def allgather(self, obj) -> list:
-        return [obj]
-
-    def bcast_obj(self, obj, root: int = 0):
-        return obj
-
-    def check_same(self, value, what: str):
-        """Raise a UserError on every rank when ranks disagree on ``value``."""
-
-    def barrier(self):
-        pass
-
-    def roster(self) -> str:
-        """Which process is which rank (to match a launcher's "PID n exited" to a rank)."""
-        return ""
-
-    def abort(self, msg: str, code: int = 1):
-        _run_abort_hooks(msg)
-        print(msg, file=sys.stderr, flush=True)
-        os._exit(code)
-
-    def close(self):
-        pass
-
-
-class MPIComm(LocalComm):
+class MPIComm:
+    """The MPI engine (implements ``comm.Comm``): numpy buffers travel with mpi4py's
+    buffer methods under a deadline; torch tensors through a host copy."""
     name = "mpi"
+    can_overlap = False  # bucketed exchange during backward: torch.distributed only
 
     def __init__(self, mpi, timeout_s: float = 120.0):
         self.MPI = mpi
@@ -154,6 +88,7 @@ class MPIComm(LocalComm):
         # "Which collectives run when") is checked against these by tests/test_mpi.py
         self.calls: Counter[str] = Counter()
         self._ops: dict = {}
+        self._staging: dict = {}  # pinned host copies of device tensors, by (numel, dtype)
         self._idle = threading.Event()  # never set: a bounded sleep between Tests
 
     # ---- per-step collectives, all non-blocking + deadline
@@ -196,6 +131,41 @@ class MPIComm(LocalComm):
         self._wait(self.comm.Iallgather(buf, out), what)
         return out
 
+    # ---- torch tensors: summed through host memory (MPI reads host memory unless it is
+    # CUDA-aware); a CPU tensor's own storage is the buffer (no copy)
+    def allreduce_t(self, t: torch.Tensor, what: str = "allreduce") -> torch.Tensor:
+        host = self._host(t)
+        self.allreduce_(host, what=what)
+        self._back(t, host)
+        return t
+
+    def reduce_t(self, t: torch.Tensor, root: int = 0, what: str = "reduce") -> torch.Tensor:
+        host = self._host(t)
+        self.reduce_(host, root, what=what)
+        self._back(t, host)
+        return t
+
+    def _host(self, t: torch.Tensor) -> np.ndarray:
+        assert t.is_contiguous()
+        if t.device.type == "cpu":
+            return t.numpy()
+        key = (t.numel(), t.dtype)
+        if key not in self._staging:  # pinned: the copies run at full bus speed
+            import torch
+            self._staging[key] = torch.empty(t.numel(), dtype=t.dtype, pin_memory=True)
+        stage = self._staging[key]
+        stage.copy_(t.reshape(-1))
+        return stage.numpy()
+
+    @staticmethod
+    def _back(t: torch.Tensor, host: np.ndarray):
+        if t.device.type != "cpu":
+            import torch
+            t.copy_(torch.from_numpy(host).reshape(t.shape), non_blocking=False)
+
+    def grad_buckets(self, params, msg, bucket_bytes):
+        raise AssertionError("MPI has no overlapped exchange (exchange.overlap_wanted)")
+
     # ---- start-up (blocking, small)
     def allgather(self, obj) -> list:
         self.calls["allgather"] += 1
@@ -222,8 +192,8 @@ class MPIComm(LocalComm):
         return f"{self.size} MPI ranks: " + ", ".join(
             f"rank {r} = pid {pid} on {host}" for r, (pid, host) in enumerate(ids))
 
-    def abort(self, msg: str, code: int = 1):
-        _run_abort_hooks(f"rank {self.rank} of {self.size}: {msg}")
+    def abort(self, msg: str, code: int = 1) -> NoReturn:
+        run_abort_hooks(f"rank {self.rank} of {self.size}: {msg}")
         print(f"[rank {self.rank}/{self.size}] {msg}", file=sys.stderr, flush=True)
         time.sleep(0.2)  # let the launcher forward the message before it kills the job
         self.comm.Abort(code)
@@ -309,7 +279,7 @@ class MPIComm(LocalComm):
         self.ctl.Recv(buf, source=st.Get_source(), tag=_TAG_FAIL)
         code, _, msg = bytes(buf).decode("utf-8", "replace").partition("\n")
         src = st.Get_source()
-        _run_abort_hooks(f"rank {src} of {self.size}: {msg}")
+        run_abort_hooks(f"rank {src} of {self.size}: {msg}")
         print(f"[rank 0/{self.size}] rank {src} failed; ending the job", file=sys.stderr,
               flush=True)
         time.sleep(0.2)
@@ -345,10 +315,10 @@ class MPIComm(LocalComm):
                    f"{self.timeout_s:g} s (killed or stuck); aborting the job")
 
 
-_COMM: LocalComm | None = None
+_COMM: Comm | None = None
 
 
-def init(dcfg=None) -> LocalComm:
+def init(dcfg=None) -> Comm:
     """MPIComm when started by an MPI launcher with more than one rank, else LocalComm.
 
     The communicator is kept for ``fail`` (the CLI's abort-on-error) and reused on a
@@ -379,7 +349,7 @@ def fail(exc: BaseException):
     fail_job(_COMM, exc)
 
 
-def fail_job(comm: LocalComm | None, exc: BaseException):
+def fail_job(comm: Comm | None, exc: BaseException):
     """``fail`` for any engine's communicator (``comm.abort`` ends its job)."""
     if comm is None or comm.size == 1 or isinstance(exc, SystemExit):
         return

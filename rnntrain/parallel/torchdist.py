@@ -1,8 +1,8 @@
 """The torch.distributed transport: the only module that imports torch.distributed.
 
-``TorchComm`` implements the communicator interface of ``rnntrain.parallel.mpi``
-(``allreduce_``, ``reduce_``, ``bcast_``, ``allgather_`` on numpy buffers, the small
-start-up object collectives, ``check_same``, ``roster``, ``abort``) on a process group
+``TorchComm`` implements the communicator interface ``rnntrain.parallel.comm.Comm``
+(``allreduce_``, ``reduce_``, ``bcast_``, ``allgather_`` on numpy buffers, the tensor
+collectives, the small start-up object collectives, ``check_same``, ``roster``, ``abort``) on a process group
 started from torchrun's environment (``env://``: MASTER_ADDR, MASTER_PORT, RANK,
 WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE). Host buffers travel over gloo (TCP); on a CUDA
 job the group is ``cpu:gloo,cuda:nccl``, so device tensors (``GradBuckets``) travel over
@@ -30,14 +30,16 @@ import socket
 import sys
 import threading
 import time
+from collections import Counter
 from datetime import timedelta
+from typing import NoReturn
 
 import numpy as np
 import torch
 import torch.distributed as td
 
 from rnntrain.errors import UserError
-from rnntrain.parallel.mpi import Combine, LocalComm, _run_abort_hooks
+from rnntrain.parallel.comm import Combine, run_abort_hooks
 
 _SPIN_S = 0.02      # busy-progress window before backing off (as in mpi.MPIComm._wait)
 _POLL_STORE_S = 0.1  # while waiting longer: how often to look for a roll call
@@ -55,8 +57,10 @@ def available() -> bool:
     return td.is_available() and td.is_gloo_available()
 
 
-class TorchComm(LocalComm):
+class TorchComm:
+    """The torch.distributed engine (implements ``comm.Comm``)."""
     name = "torch"
+    can_overlap = True   # GradBuckets
 
     def __init__(self, timeout_s: float = 120.0, cuda: bool = False):
         env = os.environ
@@ -82,6 +86,7 @@ class TorchComm(LocalComm):
                             f"the process group at {env.get('MASTER_ADDR')}:"
                             f"{env.get('MASTER_PORT')} ({first})") from None
         self.store = td.PrefixStore("rnntrain/", td.distributed_c10d._get_default_store())
+        self.calls: Counter = Counter()  # (counted by the MPI engine's schedule tests only)
         self._seq = 0
         self._idle = threading.Event()  # never set: a bounded sleep between polls
         self._who = self.allgather((os.getpid(), socket.gethostname()))
@@ -125,7 +130,6 @@ class TorchComm(LocalComm):
         return out
 
     # ---- the same on torch tensors where they live (NCCL for CUDA tensors, gloo for CPU)
-    tensor_collectives = True
 
     def allreduce_t(self, t: torch.Tensor, what: str = "allreduce") -> torch.Tensor:
         """Sum ``t`` over ranks in place."""
@@ -183,8 +187,8 @@ class TorchComm(LocalComm):
         return f"{self.size} torch.distributed ranks ({self.backend}): " + ", ".join(
             f"rank {r} = pid {pid} on {host}" for r, (pid, host) in enumerate(self._who))
 
-    def abort(self, msg: str, code: int = 1):
-        _run_abort_hooks(f"rank {self.rank} of {self.size}: {msg}")  # status.json: failed
+    def abort(self, msg: str, code: int = 1) -> NoReturn:
+        run_abort_hooks(f"rank {self.rank} of {self.size}: {msg}")  # status.json: failed
         print(f"[rank {self.rank}/{self.size}] {msg}", file=sys.stderr, flush=True)
         # torchrun sees a worker exit non-zero and stops the others (SIGTERM, then SIGKILL)
         os._exit(code)

@@ -25,6 +25,7 @@ from rnntrain.data.reader import ChunkReader
 from rnntrain.decode.score import ErrorCounts, padded_as_strings, ragged_as_strings
 from rnntrain.decode.search import best_path_batch
 from rnntrain.parallel.collectives import sum_over_ranks
+from rnntrain.parallel.comm import Comm
 
 # Evaluation batches hold this many times train.batch_frames padded frames. No gradient,
 # no autograd graph and no per-task gradient buffer is kept, so a forward pass over a
@@ -121,7 +122,7 @@ def _padded(hyps: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return out, n
 
 
-def eval_workers(workers: int, device: torch.device, comm=None) -> int:
+def eval_workers(workers: int, device: torch.device, comm: Comm | None = None) -> int:
     """Worker threads for evaluation: ``workers``, else this rank's share of the usable
     cores (as training's default); one on a GPU (one stream)."""
     if device.type != "cpu":
@@ -129,8 +130,9 @@ def eval_workers(workers: int, device: torch.device, comm=None) -> int:
     return workers or default_threads(0, 1, comm.local_size if comm is not None else 1)
 
 
-def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.device, comm=None,
-             beam: int = 0, on_hyp: Callable[[int, list[int]], None] | None = None,
+def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.device,
+             comm: Comm | None = None, beam: int = 0,
+             on_hyp: Callable[[int, list[int]], None] | None = None,
              decoder=None, space: int | None = None, threads: int = 1,
              on_log_probs: Callable[[list[int], np.ndarray, np.ndarray], None] | None = None,
              score: bool = True, workers: int = 0, intra: int = 1,

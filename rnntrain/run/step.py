@@ -31,6 +31,7 @@ from rnntrain.compute.pool import BatchTiming, Task, WorkerPool, split_tasks
 from rnntrain.compute.tasks import FlatGrad, TaskComputer, cost_model_for
 from rnntrain.data.plan import Batch, BatchPlanner, chunk_order
 from rnntrain.data.reader import ChunkReader
+from rnntrain.parallel.comm import Comm
 from rnntrain.parallel.exchange import Exchange
 from rnntrain.run import trace
 from rnntrain.run.faults import BadSteps
@@ -101,7 +102,7 @@ class StepRunner:
     tasks pad with, so the planner's budget and the tasks' padding always agree).
     """
 
-    def __init__(self, cfg, model, opt: torch.optim.Optimizer, comm, device: torch.device,
+    def __init__(self, cfg, model, opt: torch.optim.Optimizer, comm: Comm, device: torch.device,
                  workers: int, planner: BatchPlanner, total_steps: int,
                  scaler: LossScaler | None = None):
         tc = cfg.train

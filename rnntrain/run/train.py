@@ -33,6 +33,7 @@ from rnntrain.data.plan import BatchPlanner, PlanSettings, padding_ratio
 from rnntrain.errors import SharedError, UserError
 from rnntrain.parallel import collectives
 from rnntrain.parallel import launch as dist
+from rnntrain.parallel.comm import Comm
 from rnntrain.parallel.exchange import overlap_wanted
 from rnntrain.run import checkpoint as ckpt
 from rnntrain.run import trace
@@ -301,7 +302,7 @@ def checkpoint_due(cfg: Config, step: int, last_time: float) -> bool:
         time.monotonic() - last_time > 60 * cfg.checkpoint.every_minutes
 
 
-def validate(log: RunLog, model, val_ds, val_keep, cfg: Config, device, comm, workers: int,
+def validate(log: RunLog, model, val_ds, val_keep, cfg: Config, device, comm: Comm, workers: int,
              epoch: int, step: int) -> dict:
     """Score the validation set (every rank; counts summed over ranks), log it, → summary."""
     tc = cfg.train
@@ -319,7 +320,7 @@ def validate(log: RunLog, model, val_ds, val_keep, cfg: Config, device, comm, wo
     return summ
 
 
-def test_best(log: RunLog, model, train_ds, cfg: Config, device, comm, workers: int,
+def test_best(log: RunLog, model, train_ds, cfg: Config, device, comm: Comm, workers: int,
               state: TrainState):
     """Score data.test with the best checkpoint's weights (every rank), and log it."""
     tc = cfg.train
@@ -370,7 +371,7 @@ def final_summary(folder: Path, checkpoints: Path, state: TrainState, test: dict
             f"{checkpoints / 'best.pt'}; wall time {wall}")
 
 
-def load_best(log: RunLog, model, comm):
+def load_best(log: RunLog, model, comm: Comm):
     """Every rank: the weights of checkpoints/best.pt (read by rank 0, then broadcast)."""
     if log.checkpoints is not None and (log.checkpoints / "best.pt").exists():
         model.load_state_dict(ckpt.load(log.checkpoints / "best.pt")["model"])
@@ -386,7 +387,7 @@ def save_checkpoint(log: RunLog, cfg, model, opt, ds, runner: StepRunner, state:
                        cfg.checkpoint.keep_last)
 
 
-def resume_checkpoint(comm, resume: str, run_dir: Path, ds: Dataset, model, opt, cfg):
+def resume_checkpoint(comm: Comm, resume: str, run_dir: Path, ds: Dataset, model, opt, cfg):
     """Rank 0 picks and loads the checkpoint (falling back past unusable ones) and returns
     it; the other ranks return None and receive its state in ``StepRunner.start``. An error
     is raised on every rank."""
