@@ -32,7 +32,7 @@ def _train(args):
     args.resume, args.overrides = resolve_resume(args.resume, args.overrides)
     cfg = load_config(args.config, args.overrides)
     if args.trace:
-        from rnntrain.run import trace
+        from rnntrain import trace
         trace.configure(args.trace, trace.parse_window(args.trace_steps))
     from rnntrain.compute import allocator
     allocator.configure(cfg.train.allocator)  # before torch starts any thread
@@ -114,7 +114,7 @@ def _load_models(args, need_targets: bool = True):
 
 def _decoding(args, ds, model):
     """The decoder the options ask for (or None), the separator's index, thread count."""
-    from rnntrain.decode.options import decode_threads, decoder_from_args, space_index
+    from rnntrain.cli_decode import decode_threads, decoder_from_args, space_index
     # the checkpoint's alphabet: a file to decode may have none of its own
     return (decoder_from_args(args, model.labels, model.blank),
             space_index(args, model.labels), decode_threads(args))
@@ -183,7 +183,7 @@ def _cmd_decode(args) -> int:
 def _cmd_transcribe(args) -> int:
     if args.threads < 0:
         raise UserError("--threads must be >= 0")
-    from rnntrain.decode.options import decoder_from_args
+    from rnntrain.cli_decode import decoder_from_args
     from rnntrain.infer.ensemble import check_combine, load_ensemble
     from rnntrain.infer.transcribe import expand, transcribe
     check_combine(args.combine)
@@ -239,9 +239,11 @@ def _cmd_export(args) -> int:
 
 
 def _cmd_tune_decoder(args) -> int:
+    from rnntrain.cli_decode import decode_threads, space_index
     from rnntrain.run.tune import tune_decoder
     cfg, ds, model, dev = _load_for_eval(args.checkpoint, args.data, args.device)
-    return tune_decoder(args, cfg, ds, model, dev)
+    return tune_decoder(args, cfg, ds, model, dev, space_index(args, ds.labels),
+                        decode_threads(args))
 
 
 def _cmd_runs(args) -> int:
@@ -281,7 +283,7 @@ def _cmd_init(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rnntrain.decode.options import add_decoder_arguments
+    from rnntrain.cli_decode import add_decoder_arguments
     p = Parser(prog="rnntrain", description="Train LSTM-CTC sequence models (speech, "
                "handwriting, OCR) on RNNLIB NetCDF data, and use them. Start with `rnntrain "
                "init` (an example config) and `rnntrain train CONFIG`; `rnntrain COMMAND -h` "

@@ -1,4 +1,5 @@
-"""No import cycle among the modules of rnntrain/ and data_tools/.
+"""No import cycle among the modules of rnntrain/ and data_tools/, and no import up the
+layers (``LAYERS``).
 
 The graph is built from the source (``ast``), not from what happens to be imported at
 test time: every ``import`` statement counts, including those inside functions (a lazy
@@ -118,18 +119,64 @@ def test_no_import_cycle():
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
 
 
-def test_data_stage_does_not_import_compute_or_torch_stages():
-    """Planning and reading work from metadata alone: data never imports compute, parallel
-    or run (the direction of the data flow). The one exception is the tracer, an
-    instrument every stage's threads record into (it imports nothing of the stages)."""
+# The layers, lowest first (README's architecture: config -> data -> ... -> run -> the
+# commands). A module may import modules of its own layer and of the layers below, never
+# one above. Every module must belong to a layer: a new package is placed here.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # foundations: errors, atomic files, the tracer every stage's threads record into,
+    # argument types; the package itself (its public names load lazily)
+    ("rnntrain", "rnntrain.errors", "rnntrain.fsutil", "rnntrain.trace", "rnntrain.cli_args"),
+    ("rnntrain.config",),
+    ("rnntrain.frontend",),                        # features and line images
+    ("rnntrain.data",),                            # metadata, plans, the chunk reader
+    ("rnntrain.decode", "rnntrain.augment"),       # pure label/frame functions
+    ("rnntrain.compute",),                         # model, tasks, worker pool, device
+    ("rnntrain.parallel",),                        # the communicator and the exchange
+    ("rnntrain.run",),                             # the training loop, checkpoints, metrics
+    ("rnntrain.tools",),                           # run folders: runs, report, sweeps, folds
+    ("rnntrain.infer",),                           # inference, export, ensembles
+    ("rnntrain.api", "rnntrain.cli", "rnntrain.cli_decode", "rnntrain.__main__"),  # commands
+    ("data_tools",),                               # rnntrain-data, over the layers above
+)
+
+
+def layer_of(module: str) -> int:
+    """Index in LAYERS of the longest prefix naming ``module`` or one of its packages."""
+    best, found = -1, None
+    for i, names in enumerate(LAYERS):
+        for n in names:
+            if (module == n or module.startswith(n + ".")) and len(n) > best:
+                best, found = len(n), i
+    assert found is not None, f"{module} is in no layer: place its package in LAYERS"
+    return found
+
+
+def test_no_module_imports_a_higher_layer():
+    """No arrow runs up the layers (the data flow of the architecture): e.g. the reader
+    and the worker pool record into the tracer at the bottom, not into the training loop's
+    package; the metrics keys live with the trainer that writes them."""
     graph = import_graph()
-    assert graph["rnntrain.run.trace"] <= {"rnntrain.errors", "rnntrain.fsutil"}
-    for mod, deps in graph.items():
-        if mod.startswith("rnntrain.data"):
-            bad = {d for d in deps - {"rnntrain.run", "rnntrain.run.trace"}
-                   if d.startswith(("rnntrain.compute", "rnntrain.parallel", "rnntrain.run",
-                                    "rnntrain.tools"))}
-            assert not bad, f"{mod} imports {sorted(bad)}"
+    assert "rnntrain.trace" in graph and "rnntrain.run.train" in graph  # the real tree
+    up = [f"{m} ({LAYERS[layer_of(m)][0]}) imports {d} ({LAYERS[layer_of(d)][0]})"
+          for m, deps in sorted(graph.items()) for d in sorted(deps)
+          if layer_of(d) > layer_of(m)]
+    assert not up, "imports up the layers:\n" + "\n".join(up)
+
+
+def test_layer_check_sees_a_lazy_upward_import(tmp_path):
+    """The checker itself: an upward import inside a function is found."""
+    pkg = tmp_path / "rnntrain"
+    (pkg / "data").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "data/__init__.py").write_text("")
+    (pkg / "run").mkdir()
+    (pkg / "run/__init__.py").write_text("")
+    (pkg / "run/train.py").write_text("from rnntrain.data import reader\n")
+    (pkg / "data/reader.py").write_text("def f():\n    from rnntrain.run import train\n")
+    graph = import_graph(tmp_path, ("rnntrain",))
+    up = [(m, d) for m, deps in graph.items() for d in deps if layer_of(d) > layer_of(m)]
+    assert sorted(up) == [("rnntrain.data.reader", "rnntrain.run"),
+                          ("rnntrain.data.reader", "rnntrain.run.train")]
 
 
 def test_detects_a_cycle_hidden_in_a_function(tmp_path):

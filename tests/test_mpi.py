@@ -19,7 +19,7 @@ import pytest
 from rnntrain.parallel.mpi import launched_by_mpi
 from rnntrain.parallel.exchange import WireCodec
 
-from rnntrain.tools.report import SPLIT_KEYS
+from rnntrain.run.metrics import SPLIT_KEYS
 from tests.conftest import ROOT, mpiexec
 
 TINY = """[data]

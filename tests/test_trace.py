@@ -8,7 +8,7 @@ import pytest
 
 from rnntrain.parallel import collectives
 from rnntrain.parallel.comm import LocalComm
-from rnntrain.run import trace
+from rnntrain import trace
 from rnntrain.data.reader import ChunkReader
 from rnntrain.compute.pool import Task, WorkerPool
 

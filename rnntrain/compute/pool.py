@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from rnntrain.run import trace
+from rnntrain import trace
 
 
 class TaskError(RuntimeError):

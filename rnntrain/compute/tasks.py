@@ -9,7 +9,8 @@ are views into it, so the optimizer reads the reduced gradient without a copy.
 """
 from __future__ import annotations
 
-from typing import Callable
+from enum import IntEnum
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -23,11 +24,38 @@ from rnntrain.compute.model import ctc_loss_sum, training_flops_per_frame
 from rnntrain.data.plan import bucket_length, rng_for
 from rnntrain.compute.pool import CostModel, Task
 
-# loss sum, sequences, frames, label errors, reference labels: carried at the end of every
-# task buffer and of the gradient message, so the reduce and one collective sum both, and
-# they stay on the device until read at a log interval
-N_STATS = 5
-STAT_NAMES = ("loss", "seqs", "frames", "errors", "ref_labels")
+
+
+class Stat(IntEnum):
+    """The slots of a step's figures vector (N_STATS,), the one definition of its layout:
+    carried at the end of every task buffer and of the gradient message, so the reduce and
+    one collective sum both, and they stay on the device until read at a log interval."""
+    LOSS = 0     # sum of the sequences' CTC losses
+    SEQS = 1     # sequences
+    FRAMES = 2   # input frames
+    ERRORS = 3   # label errors of the best path (0 where a step does not count them)
+    REFS = 4     # reference labels (0 where a step does not count errors)
+
+
+N_STATS = len(Stat)
+
+
+class StepStats(NamedTuple):
+    """The figures read on the host, named as ``Stat``'s slots (loss float, counts int)."""
+    loss: float
+    seqs: int
+    frames: int
+    errors: int
+    refs: int
+
+    @classmethod
+    def from_values(cls, values) -> "StepStats":
+        """From the N_STATS values in ``Stat`` order (counts are exact in float)."""
+        loss, *counts = (float(v) for v in values)
+        return cls(loss, *(int(round(c)) for c in counts))
+
+
+assert StepStats._fields == tuple(s.name.lower() for s in Stat)
 # the gradient message has one more slot after the stats: the stop flag (number of ranks
 # asking to stop, see ``FlatGrad.msg``), so that stopping needs no collective of its own
 MSG_TAIL = N_STATS + 1
@@ -144,10 +172,10 @@ class TaskComputer:
         return Fence(self.device).mark()
 
     def _figures(self, tail: torch.Tensor, loss, lengths, log_probs, out_len, targets):
-        """tail (N_STATS,) ← loss, sequences, frames, label errors, reference labels."""
-        tail[0].copy_(loss.detach())
-        tail[1].fill_(len(lengths))
-        tail[2].fill_(int(lengths.sum()))
+        """tail (N_STATS,) ← the task's figures (``Stat`` slots)."""
+        tail[Stat.LOSS].copy_(loss.detach())
+        tail[Stat.SEQS].fill_(len(lengths))
+        tail[Stat.FRAMES].fill_(int(lengths.sum()))
         errors = ref = 0
         if self.want_errors:  # a host read of the best path: see the class docstring
             # vectorised best path and one compiled edit-distance call for the whole task
@@ -155,8 +183,8 @@ class TaskComputer:
             best = log_probs.detach().argmax(-1).cpu().numpy()  # (T', N)
             errors, ref = self.count_errors(best, out_len.cpu().numpy(), targets,
                                             self.model.blank)
-        tail[3].fill_(errors)
-        tail[4].fill_(ref)
+        tail[Stat.ERRORS].fill_(errors)
+        tail[Stat.REFS].fill_(ref)
 
 
 def task_label_errors(best: np.ndarray, lengths: np.ndarray, targets, blank: int
@@ -186,7 +214,7 @@ def cost_model_for(model, precision: str = "fp32") -> CostModel:
 
 
 class FlatGrad:
-    """One contiguous buffer [gradient | loss, seqs, frames, errors, refs]; ``.grad`` of
+    """One contiguous buffer [gradient | figures (``Stat`` slots)]; ``.grad`` of
     every parameter is a view into it. It lives on the model's device; the figures at its
     end stay there too (``stats_tensor``) until the loop reads them.
 
@@ -221,14 +249,13 @@ class FlatGrad:
 
     @property
     def stats_tensor(self) -> torch.Tensor:
-        """(5,) on the device: loss sum, sequences, frames, label errors, reference labels."""
+        """(N_STATS,) on the device: the figures, indexed by ``Stat``."""
         return self.buf[self.numel:]
 
     @property
-    def stats(self) -> tuple[float, int, int, int, int]:
+    def stats(self) -> StepStats:
         """The same figures read on the host (a synchronisation on a GPU)."""
-        loss, *counts = self.stats_tensor.tolist()
-        return (loss, *(int(round(c)) for c in counts))
+        return StepStats.from_values(self.stats_tensor.tolist())
 
     def normalize_and_clip(self, normalize: str, clip_norm: float,
                            loss_scale: torch.Tensor | None = None
@@ -237,7 +264,8 @@ class FlatGrad:
         clip to ``clip_norm``; → (grad norm, finite) as 0-dim device tensors, no host read.
         """
         tail = self.stats_tensor
-        denom = {"sum": None, "sequences": tail[1], "frames": tail[2]}[normalize]
+        denom = {"sum": None, "sequences": tail[Stat.SEQS],
+                 "frames": tail[Stat.FRAMES]}[normalize]
         if denom is not None:
             denom = denom.clamp(min=1.0)
         if loss_scale is not None:
@@ -245,7 +273,7 @@ class FlatGrad:
         if denom is not None:
             self.grad.div_(denom)
         norm = torch.linalg.vector_norm(self.grad)
-        finite = torch.isfinite(norm) & torch.isfinite(tail[0])
+        finite = torch.isfinite(norm) & torch.isfinite(tail[Stat.LOSS])
         if clip_norm:  # factor min(1, clip / norm): a multiply by exactly 1 below the limit
             self.grad.mul_((clip_norm / (norm + 1e-6)).clamp(max=1.0))
         return norm, finite

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Callable
 
-from rnntrain.run import trace
+from rnntrain import trace
 
 
 class ChunkReader:

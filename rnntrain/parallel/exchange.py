@@ -33,7 +33,7 @@ import torch
 from rnntrain.compute.device import masked_step
 from rnntrain.compute.model import flatten_params, unflatten_params
 from rnntrain.errors import ConfigError, UserError
-from rnntrain.compute.tasks import MSG_TAIL, FlatGrad
+from rnntrain.compute.tasks import MSG_TAIL, FlatGrad, Stat
 from rnntrain.parallel.comm import Comm
 
 # header of a 16-bit message, float32: scale, non-finite flag, then the message tail
@@ -232,7 +232,7 @@ class Exchange:
             return
         grad, stats, flag = self.codec.decode(self.msg)
         if flag:
-            stats[0] = np.nan  # some rank had Inf/NaN: the step is skipped everywhere
+            stats[Stat.LOSS] = np.nan  # some rank had Inf/NaN: the step is skipped everywhere
         self.host[: flat.numel], self.host[flat.numel:] = grad, stats
         self._stop = bool(self.host[stop_at] > 0)  # read on the host copy: no device sync
         if self._pinned is not None:

@@ -1,4 +1,5 @@
-"""The training figures between two metric lines (``MetricsWindow``)."""
+"""The training figures between two metric lines (``MetricsWindow``), and the keys of a
+train record that make up a step (defined here once; ``tools.report`` reads them)."""
 from __future__ import annotations
 
 import time
@@ -6,10 +7,13 @@ import time
 import numpy as np
 import torch
 
-from rnntrain.tools.report import SPLIT_KEYS
+from rnntrain.compute.tasks import N_STATS, StepStats
 
 # StepResult.split's phases, in order (the keys of a train record)
 PHASE_KEYS = ("data_wait_s", "compute_s", "reduce_s", "comm_s", "update_s")
+# the fields of a train record that make up a step, as the trainer measures them (every
+# rank's, under "ranks", at the log steps): the phases and the workers' barrier share
+SPLIT_KEYS = (*PHASE_KEYS, "barrier_idle")
 
 
 class MetricsWindow:
@@ -20,7 +24,7 @@ class MetricsWindow:
         self.t0, self.device = time.perf_counter(), device
         self.n = 0
         # summed on the device (fp64: exact counts), read once per metric line
-        self.sums = torch.zeros(5, dtype=torch.float64, device=device)
+        self.sums = torch.zeros(N_STATS, dtype=torch.float64, device=device)
         self.norm = torch.zeros((), dtype=torch.float64, device=device)
         self.split = np.zeros(len(PHASE_KEYS))
         self.barrier = self.pad = 0.0
@@ -44,10 +48,10 @@ class MetricsWindow:
         gains the straggler figures and every rank's step-time split (``ranks``)."""
         *sums, norm = torch.cat([self.sums, self.norm.reshape(1)]).tolist()  # waits for the GPU
         dt = time.perf_counter() - self.t0
-        loss, seqs, frames, errors, ref = sums
+        st = StepStats.from_values(sums)
         n = max(self.n, 1)
-        rec = {"loss": loss / max(seqs, 1), "ler": errors / max(ref, 1),
-               "frames_per_s": frames / dt, "seqs": int(seqs), "grad_norm": norm / n,
+        rec = {"loss": st.loss / max(st.seqs, 1), "ler": st.errors / max(st.refs, 1),
+               "frames_per_s": st.frames / dt, "seqs": st.seqs, "grad_norm": norm / n,
                "padding": self.pad / n, "barrier_idle": self.barrier / n,
                "worker_compute_s": [round(float(b) / n, 6) for b in np.atleast_1d(self.busy)],
                "barrier_wait_s": float(np.mean(self.idle)) / n,

@@ -28,12 +28,12 @@ from rnntrain.compute import allocator
 from rnntrain.compute.device import Fence, LossScaler, worker_start
 from rnntrain.compute.optim import lr_factor, set_lr
 from rnntrain.compute.pool import BatchTiming, Task, WorkerPool, split_tasks
-from rnntrain.compute.tasks import FlatGrad, TaskComputer, cost_model_for
+from rnntrain.compute.tasks import FlatGrad, Stat, TaskComputer, cost_model_for
 from rnntrain.data.plan import Batch, BatchPlanner, chunk_order
 from rnntrain.data.reader import ChunkReader
 from rnntrain.parallel.comm import Comm
 from rnntrain.parallel.exchange import Exchange
-from rnntrain.run import trace
+from rnntrain import trace
 from rnntrain.run.faults import BadSteps
 from rnntrain.run.state import TrainState
 
@@ -83,7 +83,7 @@ class EpochFeed:
 @dataclass
 class StepResult:
     """One step's figures. The tensors stay on the device until a log step reads them."""
-    stats: torch.Tensor    # (5,) global loss sum, sequences, frames, label errors, refs
+    stats: torch.Tensor    # (N_STATS,) the global figures, indexed by compute.tasks.Stat
     norm: torch.Tensor     # () gradient norm before clipping
     finite: torch.Tensor   # () bool: loss and gradient finite (the update was applied)
     timing: BatchTiming    # the workers' busy and barrier-wait times
@@ -165,7 +165,7 @@ class StepRunner:
         set_lr(self.opt, oc.lr * lr_factor(oc, step, fed.epoch_len, self.total_steps))
         self.exch.apply_update(self.opt, finite)  # skipped on NaN/Inf; master: rank 0 only
         # an fp16 overflow the scale can still back off from is not a failing step
-        self.bad.add(finite | self.scaler.update(finite, self.flat.stats_tensor[0]))
+        self.bad.add(finite | self.scaler.update(finite, self.flat.stats_tensor[Stat.LOSS]))
         stop = self.exch.publish(step + 1)  # master mode: rank 0's weights to all
         t5 = time.perf_counter()
         t0 = t1 - fed.wait_s

@@ -36,7 +36,7 @@ from rnntrain.parallel import launch as dist
 from rnntrain.parallel.comm import Comm
 from rnntrain.parallel.exchange import overlap_wanted
 from rnntrain.run import checkpoint as ckpt
-from rnntrain.run import trace
+from rnntrain import trace
 from rnntrain.run.evaluate import evaluate
 from rnntrain.run.faults import StopFlag, pause_point, resume_hint
 from rnntrain.run.metrics import MetricsWindow

@@ -14,7 +14,6 @@ import json
 
 import numpy as np
 
-from rnntrain.decode.options import decode_threads, space_index
 from rnntrain.decode.score import ErrorCounts
 from rnntrain.errors import UserError
 
@@ -32,7 +31,10 @@ def parse_grid(text: str, what: str) -> list[float]:
     return vals
 
 
-def tune_decoder(args, cfg, ds, model, device) -> int:
+def tune_decoder(args, cfg, ds, model, device, space: int | None, threads: int) -> int:
+    """Score every (LM weight, word bonus, label bonus) of the grids in ``args`` on ``ds``
+    (one network pass, then a beam search per point); ``space``: the word separator's
+    label index (None: no words), ``threads``: decoding threads (``cli_decode``)."""
     from rnntrain.decode.beam import Decoder
     from rnntrain.run.evaluate import evaluate
     weights = parse_grid(args.lm_weights, "--lm-weights")
@@ -41,10 +43,8 @@ def tune_decoder(args, cfg, ds, model, device) -> int:
                      if args.label_bonuses is not None else [args.label_bonus])
     if not args.lm and not args.lexicon:
         raise UserError("tune-decoder needs --lm FILE (and/or --lexicon FILE) to tune")
-    space = space_index(args, ds.labels)
     base = Decoder(ds.labels, model.blank, beam=args.beam if args.beam else 8,
                    space=args.space, lexicon=args.lexicon, lm=args.lm)
-    threads = decode_threads(args)
     kept: list[tuple[list[int], np.ndarray, np.ndarray]] = []
     keep = ds.feasible(cfg.model.subsample)
     counts = evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, device,

@@ -23,9 +23,6 @@ import numpy as np
 from rnntrain.errors import UserError
 from rnntrain.tools.runs import RunSummary, read_metrics, read_status, summarize
 
-# the fields of a train record that make up a step, as the trainer measures them
-# (``run.metrics.MetricsWindow``; every rank's, under "ranks", at the log steps)
-SPLIT_KEYS = ("data_wait_s", "compute_s", "reduce_s", "comm_s", "update_s", "barrier_idle")
 PHASES = ("data wait", "compute", "barrier wait", "communication", "update")
 PHASE_COLORS = ("#4c72b0", "#55a868", "#c44e52", "#8172b2", "#ccb974")
 

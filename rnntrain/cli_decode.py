@@ -1,5 +1,6 @@
 """Decoding options shared by the commands that decode (``eval``, ``decode``,
-``tune-decoder``, ``transcribe``): argparse arguments → a ``decode.beam.Decoder``.
+``tune-decoder``, ``transcribe``): argparse arguments → a ``decode.beam.Decoder``. CLI
+plumbing (beside ``cli_args``), so only the command layer imports it.
 
 Imports nothing heavy, so building the command-line parser stays fast.
 """
