@@ -10,6 +10,7 @@ import argparse
 from typing import Sequence
 
 from rnntrain.cli_args import finite_float, non_negative_int, positive_int
+from rnntrain.errors import UserError
 
 MAX_BEAM = 1024
 

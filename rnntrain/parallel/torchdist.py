@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import torch.distributed as td
 
-from rnntrain.errors import UserError
+from rnntrain.errors import SharedError, UserError
 from rnntrain.parallel.comm import Combine, run_abort_hooks
 
 _SPIN_S = 0.02      # busy-progress window before backing off (as in mpi.MPIComm._wait)
