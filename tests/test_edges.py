@@ -810,3 +810,15 @@ def test_training_ends_on_one_summary_line(tmp_path, tiny_run):
     test = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()
             if '"test"' in x]
     assert float(m.group(4)) == pytest.approx(test[-1]["ler"], abs=5e-5)
+
+
+def test_default_run_names_are_readable():
+    from rnntrain.run.runlog import default_run_dir
+    ov = ["data.train=data/synth_train.nc", "data.val=data/synth_val.nc", "model.hidden=32",
+          "--train.epochs=5", "run.log_every=3"]
+    name = default_run_dir(None, ov, "resolved").name
+    assert re.fullmatch(r"default-synth_train-synth_val-hidden32-epochs5-[0-9a-f]{6}", name)
+    assert default_run_dir("configs/yesno.toml", ['optim.lr=0.003', 'data.test="x y/t.nc"'],
+                           "r").name.startswith("yesno-lr0.003-t-")
+    # the hash tells apart what the short name cannot
+    assert default_run_dir(None, ov, "a") != default_run_dir(None, ov, "b")

@@ -28,13 +28,28 @@ from rnntrain.fsutil import atomic_write
 
 
 def default_run_dir(config_path: str | None, overrides: list[str], resolved_toml: str) -> Path:
-    """runs/<config name (or run.name)>[-<overrides>]-<hash of the resolved config>."""
-    stem = Path(config_path).stem if config_path else "run"
-    ov = "-".join(o.lstrip("-").split(".", 1)[-1].replace("=", "") for o in overrides
-                  if not o.lstrip("-").startswith("run."))
-    ov = "".join(c if c.isalnum() or c in "-_." else "_" for c in ov)[:60]
+    """runs/<config name, run.name, or "default">[-<overrides>]-<hash of the resolved
+    config>: ``runs/default-hidden32-epochs5-1a2b3c``. An override reads as its key's last
+    part and its value (``model.hidden=32`` → ``hidden32``); one naming a file as the
+    file's stem (``data.train=data/synth_train.nc`` → ``synth_train``). The hash tells
+    apart what the short name cannot."""
+    stem = Path(config_path).stem if config_path else "default"
+    parts = []
+    for o in overrides:
+        key, _, value = o.lstrip("-").partition("=")
+        if key.startswith("run."):
+            continue
+        value = value.strip().strip('"\'')
+        if "/" in value or Path(value).suffix.lower() in _FILE_SUFFIXES:
+            parts.append(Path(value).stem)        # a file: its name is what tells runs apart
+        else:
+            parts.append(key.rsplit(".", 1)[-1] + value)
+    ov = "".join(c if c.isalnum() or c in "-_." else "_" for c in "-".join(parts))[:60]
     h = hashlib.sha1(resolved_toml.encode()).hexdigest()[:6]
-    return Path("runs") / "-".join(x for x in (stem, ov, h) if x)
+    return Path("runs") / "-".join(x for x in (stem, ov.strip("-_."), h) if x)
+
+
+_FILE_SUFFIXES = {".nc", ".json", ".toml", ".pt", ".tsv", ".txt", ".arpa"}
 
 
 LOCK_NAME = "lock"
