@@ -822,3 +822,30 @@ def test_default_run_names_are_readable():
                            "r").name.startswith("yesno-lr0.003-t-")
     # the hash tells apart what the short name cannot
     assert default_run_dir(None, ov, "a") != default_run_dir(None, ov, "b")
+
+
+def test_run_dir_that_is_not_a_run_folder_is_refused_before_writing(tmp_path, tiny_run):
+    """run.dir=/ wrote a run into /. Refused: the root, the home folder, a file, a folder
+    holding other files; accepted: a new or empty folder, a previous run's (which then
+    asks for --resume). Nothing is written into a refused folder (not even the lock)."""
+    from rnntrain.run.runlog import unsuitable_run_folder
+    data, cfg, run = tiny_run
+    user = tmp_path / "papers"
+    user.mkdir()
+    (user / "thesis.tex").write_text("x")
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("x")
+    (tmp_path / "empty").mkdir()
+    assert unsuitable_run_folder(tmp_path / "new") is None
+    assert unsuitable_run_folder(tmp_path / "empty") is None
+    assert unsuitable_run_folder(run) is None          # a previous run: --resume decides
+    home = Path.home()
+    cases = {"/": "is the root folder", str(home): "is the home folder",
+             str(a_file): "is not a folder", str(user): "holds files that are not a run's "
+                                                       "(thesis.tex)"}
+    listing = {p: sorted(os.listdir(p)) for p in ("/", str(home), str(user))}
+    res = run_cli_batch([("rnntrain", "train", cfg, f"run.dir={d}") for d in cases])
+    for (d, want), r in zip(cases.items(), res):
+        assert_clean_error(r, f"run.dir = {d} {want}")
+    assert {p: sorted(os.listdir(p)) for p in listing} == listing
+    assert a_file.read_text() == "x"

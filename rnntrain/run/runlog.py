@@ -125,9 +125,46 @@ def _read_holder(fd: int) -> str:
         return "holder unknown: it is starting or did not record itself"
 
 
+# What a run folder may hold: what a training, ``rnntrain report`` (report/) and ``rnntrain
+# sweep`` (console.log) write into it, and the temp files of their interrupted writes
+RUN_ENTRIES = frozenset({"lock", "config.toml", "status.json", "metrics.jsonl", "train.log",
+                         "checkpoints", "tensorboard", "report", "console.log"})
+
+
+def unsuitable_run_folder(run_dir) -> str | None:
+    """Why ``run_dir`` must not become a run folder, or None. Refused: the root folder, the
+    home folder, something that is not a folder, and a folder holding anything but run
+    files (``RUN_ENTRIES`` and ``.NAME.tmpPID`` temp files of those): a run writes
+    config.toml, train.log, lock ... into it and would mix them with the user's files
+    (``run.dir=/`` wrote a run into /). A new folder, an empty one and a previous run's
+    folder are fine."""
+    p = Path(run_dir)
+    real = Path(os.path.realpath(p))
+    if real == Path(real.anchor):
+        return f"run.dir = {run_dir} is the root folder; give a folder of its own (e.g. runs/NAME)"
+    if real == Path(os.path.realpath(Path.home())):
+        return f"run.dir = {run_dir} is the home folder; give a folder of its own (e.g. runs/NAME)"
+    if not p.exists():
+        return None
+    if not p.is_dir():
+        return f"run.dir = {run_dir} is not a folder"
+    try:
+        names = sorted(os.listdir(p))
+    except OSError as e:
+        return f"run folder {run_dir} cannot be listed ({e.strerror or e})"
+    other = [n for n in names if n not in RUN_ENTRIES and not (
+        n.startswith(".") and ".tmp" in n and n[1:n.rindex(".tmp")] in RUN_ENTRIES)]
+    if other:
+        shown = ", ".join(other[:5]) + (f" and {len(other) - 5} more" if len(other) > 5 else "")
+        return (f"run.dir = {run_dir} holds files that are not a run's ({shown}); give a new "
+                "or empty folder, or a previous run's")
+    return None
+
+
 def claim_run_folder(comm, run_dir: Path) -> tuple[RunLock | None, str | None]:
-    """Rank 0: lock ``run_dir`` for this run and (only now, under the lock) remove temp
-    files that crashed writes left. Every rank raises the same UserError when the folder
+    """Rank 0: check that ``run_dir`` may be a run folder (``unsuitable_run_folder``), lock
+    it for this run and (only now, under the lock) remove temp files that crashed writes
+    left. Every rank raises the same UserError when the folder
     is in use or cannot be locked. Returns (the held lock on rank 0, None elsewhere:
     release it when the run ends; why a fresh run must not start here, or None: the
     folder holds another run's checkpoints), agreed in one start-up collective."""
@@ -136,6 +173,8 @@ def claim_run_folder(comm, run_dir: Path) -> tuple[RunLock | None, str | None]:
     lock, verdict = None, (None, None)
     if comm.rank == 0:
         try:
+            if why := unsuitable_run_folder(run_dir):  # before the lock file is created
+                raise UserError(why)
             lock = RunLock(run_dir).acquire()
             ckpt.remove_stale_temps(Path(run_dir) / "checkpoints")
             ckpt.remove_stale_temps(Path(run_dir), ("config.toml", "status.json"))
