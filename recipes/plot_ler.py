@@ -43,8 +43,10 @@ def main(argv=None):
             ax.plot([t / 60 for t, _ in va], [100 * v for _, v in va], "o-",
                     label=f"{run.name} validation")
             tb, best = min(va, key=lambda r: (r[1], r[0]))
+            low = best < 0.01  # near the axis: the label goes above the point
             ax.annotate(f"best {100 * best:.2f}%", xy=(tb / 60, 100 * best),
-                        xytext=(-8, -16), textcoords="offset points", ha="right")
+                        xytext=(6, 8) if low else (-8, -16), textcoords="offset points",
+                        ha="left" if low else "right")
     ax.set_ylim(bottom=0)
     ax.set_yscale("symlog", linthresh=1.0)  # linear below 1 % so that 0 shows
     ax.set_xlabel("training time (minutes)")
