@@ -144,28 +144,112 @@ def _feature_args(a):
 
 
 def _images(a):
-    from .images import ImageSettings, convert_images
-    labels = parse_labels_arg(a)
-    info = convert_images(a.list, a.out, ImageSettings(a.height, a.invert), a.chars, a.space,
-                          labels, a.layout, a.format)
-    print(f"wrote {a.out}: {info['images']} images, {info['columns']:,} columns, heights "
+    from .images import convert_images, parse_split
+    if not a.list and not a.inputs:
+        raise UserError("give line images: a folder, a glob, image files (each with its "
+                        ".gt.txt) or --list LIST.tsv")
+    labels = parse_labels_arg(a, chars=a.chars or any(not i.endswith(".tsv") for i in a.inputs))
+    info = convert_images(a.list, a.out, image_settings(a), a.chars, a.space, labels,
+                          a.layout, a.format, inputs=a.inputs,
+                          keep_unknown=bool(a.labels_from),
+                          split=parse_split(a.split) if a.split else None, seed=a.seed)
+    print_summary(a, info)
+
+
+def image_settings(a):
+    """--height, --trim and --invert → ImageSettings (trim: default on when scaling)."""
+    from .images import DEFAULT_TRIM, ImageSettings
+    if a.height < 0:
+        raise UserError(f"--height {a.height} must be >= 0 (0 keeps the sizes)")
+    if a.trim is None:
+        trim = DEFAULT_TRIM if a.height else -1
+    elif a.trim in ("none", "no", "off"):
+        trim = -1
+    else:
+        try:
+            trim = int(a.trim)
+        except ValueError:
+            trim = -2
+        if trim < 0:
+            raise UserError(f"--trim {a.trim!r}: give the padding in pixels (>= 0) or none")
+    return ImageSettings(a.height, a.invert, trim)
+
+
+def print_summary(a, info):
+    ooa = (f"; {info['out_of_alphabet']} line(s) hold characters outside the alphabet (kept "
+           "with their full text: rnntrain eval scores them)") if info["out_of_alphabet"] else ""
+    what = ", ".join(info["files"])
+    if "splits" in info:
+        what += " (" + ", ".join(f"{k} {v}" for k, v in info["splits"].items()) + \
+            "; each split's lines in a .tsv beside it)"
+    print(f"wrote {what}: {info['images']} lines, {info['columns']:,} columns, heights "
           f"{info['heights'][0]}-{info['heights'][1]}, {info['labels']} labels "
-          f"(layout {a.layout})")
+          f"(layout {a.layout}){ooa}")
 
 
-def parse_labels_arg(a):
+def parse_labels_arg(a, chars: bool | None = None):
+    """--labels (names or a file of one label per line), --labels-from (an .nc file or
+    such a file) or --alphabet → the alphabet, or None (from the transcripts)."""
+    import os
     from .audio import parse_labels
-    from .images import labels_from
+    from .images import as_label_names, labels_file, labels_from
+    chars = a.chars if chars is None else chars
     if sum(map(bool, (a.labels, a.labels_from, a.alphabet))) > 1:
         raise UserError("give one of --labels, --labels-from and --alphabet")
     if a.alphabet:
         from .images import ascii_alphabet
-        if not a.chars:
+        if not chars:
             raise UserError("--alphabet needs --chars (it names characters)")
         return ascii_alphabet(a.space)
     if a.labels_from:
-        return labels_from(a.labels_from)
+        return as_label_names(labels_from(a.labels_from), chars, a.space)
+    if a.labels and os.path.isfile(a.labels):
+        return as_label_names(labels_file(a.labels), chars, a.space)
     return parse_labels(a.labels) if a.labels else None
+
+
+def _image_args(m, what: str):
+    """Options shared by the line-image converters (images, pagexml)."""
+    m.add_argument("--out", required=True, help="output .nc file (with --split: the stem "
+                   "of OUT-train.nc, OUT-val.nc, OUT-test.nc)")
+    m.add_argument("--height", type=int, default=48, help="scale every line to this height "
+                   "keeping the aspect ratio (default 48, as kraken and Calamari; 0: keep "
+                   "the sizes)")
+    m.add_argument("--trim", default=None, metavar="PAD|none", help="crop the margins to the "
+                   "ink, keeping PAD pixels of background around it (default 4 with --height, "
+                   "none with --height 0)")
+    m.add_argument("--invert", choices=("auto", "yes", "no"), default="auto",
+                   help="make ink high: auto inverts images with a light background")
+    m.add_argument("--layout", choices=("2d", "columns"), default="2d",
+                   help="2d: RNNLIB numDims = 2 (default); columns: 1-D frames of pixel columns")
+    m.add_argument("--space", default="<space>", help="label name of the space with --chars "
+                   "(default <space>)")
+    m.add_argument("--labels", help="alphabet in index order: names separated by commas, or a "
+                   "file with one label per line (default: the sorted set of the "
+                   f"{what}' labels)")
+    m.add_argument("--labels-from", help="the alphabet of this .nc file or labels file "
+                   "(validation and test sets: the training set's); lines with characters it "
+                   "lacks are kept with their full text for rnntrain eval")
+    m.add_argument("--alphabet", choices=("ascii",), help="with --chars: a fixed alphabet, "
+                   "ascii = the space and the 94 printable ASCII characters in code order")
+    m.add_argument("--split", metavar="TRAIN,VAL[,TEST]", help="split the lines at random by "
+                   "these fractions (e.g. 0.8,0.1,0.1) into OUT-train.nc, OUT-val.nc, "
+                   "OUT-test.nc, each with its list OUT-NAME.tsv")
+    m.add_argument("--seed", type=non_negative_int, default=1, help="the split's seed")
+    m.add_argument("--format", choices=FORMATS, default="NETCDF3_64BIT_OFFSET",
+                   help="NetCDF file format")
+
+
+def _pagexml(a):
+    from .images import parse_split
+    from .pagexml import convert_pages
+    labels = parse_labels_arg(a, chars=True)
+    info = convert_pages(a.inputs, a.out, image_settings(a), a.space, labels, a.layout,
+                         a.format, keep_unknown=bool(a.labels_from),
+                         split=parse_split(a.split) if a.split else None, seed=a.seed,
+                         padding=a.padding, image_dir=a.image_dir, crop=a.crop,
+                         image=a.image)
+    print_summary(a, info)
 
 
 def _float_range(flag: str, text: str) -> tuple[float, float]:
@@ -357,29 +441,39 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--discount-fallback", action="store_true", help="kn on a text too small "
                    "to estimate the discounts: use 0.5, 1, 1.5 (as KenLM's lmplz)")
     n.set_defaults(fn=_ngram)
-    m = sub.add_parser("images", help="text-line images (PNG/JPEG/TIFF) listed in a LIST.tsv "
-                       "→ RNNLIB 2-D .nc (or column frames)")
-    m.add_argument("--list", required=True, help="LIST.tsv: image path<TAB>transcript per line")
-    m.add_argument("--out", required=True, help="output .nc file")
+    m = sub.add_parser("images", help="text-line images with their transcripts (.gt.txt "
+                       "beside them, or a LIST.tsv) → RNNLIB 2-D .nc (or column frames)",
+                       description="INPUT: folders of line images with a .gt.txt beside each "
+                       "(0001.png + 0001.gt.txt; .bin.png/.nrm.png read the same .gt.txt), "
+                       "globs, image files, or LIST.tsv files (path<TAB>transcript).")
+    m.add_argument("inputs", nargs="*", metavar="INPUT",
+                   help="folder, glob, image file (with its .gt.txt) or LIST.tsv")
+    m.add_argument("--list", help="LIST.tsv: image path<TAB>transcript per line")
     m.add_argument("--chars", action="store_true", help="transcripts are plain text, split "
-                   "into characters (NFC); default: space-separated label names")
-    m.add_argument("--space", default="<space>", help="label name of the space with --chars "
-                   "(default <space>)")
-    m.add_argument("--height", type=int, default=0, help="rescale every image to this height "
-                   "keeping the aspect ratio (default 0: keep sizes)")
-    m.add_argument("--invert", choices=("auto", "yes", "no"), default="auto",
-                   help="make ink high: auto inverts images with a light background")
-    m.add_argument("--layout", choices=("2d", "columns"), default="2d",
-                   help="2d: RNNLIB numDims = 2 (default); columns: 1-D frames of pixel columns")
-    m.add_argument("--labels", help="alphabet in index order, comma-separated (default: "
-                                    "sorted set of the transcripts' labels)")
-    m.add_argument("--labels-from", help="use the alphabet of this .nc file (validation and "
-                                         "test sets: the training set's)")
-    m.add_argument("--alphabet", choices=("ascii",), help="with --chars: a fixed alphabet, "
-                   "ascii = the space and the 94 printable ASCII characters in code order")
-    m.add_argument("--format", choices=FORMATS, default="NETCDF3_64BIT_OFFSET",
-                   help="NetCDF file format")
+                   "into characters (NFC; implied for .gt.txt); default: space-separated "
+                   "label names")
+    _image_args(m, "transcripts")
     m.set_defaults(fn=_images)
+    px = sub.add_parser("pagexml", help="PAGE-XML or ALTO pages → their text lines cropped "
+                        "from the page images, as 'images' writes them",
+                        description="Each TextLine is cut out of the page image (its polygon "
+                        "or bounding box, rotated to its baseline), its text from "
+                        "TextEquiv/Unicode (PAGE) or the String CONTENT (ALTO). The page image "
+                        "is the one the XML names (Page/@imageFilename, ALTO "
+                        "sourceImageInformation/fileName), found beside the XML file or in "
+                        "the folder above it (an OCR-D workspace), or under --image-dir.")
+    px.add_argument("inputs", nargs="+", metavar="PAGE.xml", help="PAGE (2013, 2019) or ALTO "
+                    "files, folders of them, or a split's list (.tsv of XML#LINE rows)")
+    px.add_argument("--image-dir", help="look the page images up here (their path as the XML "
+                    "gives it, else their file name)")
+    px.add_argument("--image", help="the page image of a single XML file that names none")
+    px.add_argument("--padding", type=non_negative_int, default=0, help="pixels of the page "
+                    "added around each line's polygon before cropping (default 0)")
+    px.add_argument("--crop", choices=("polygon", "box"), default="polygon",
+                    help="polygon: paper outside the line's polygon is blanked (default); "
+                         "box: its bounding box as it is")
+    _image_args(px, "lines")
+    px.set_defaults(fn=_pagexml, chars=True)
     rl = sub.add_parser("render-lines", help="render synthetic printed text lines "
                         "(matplotlib's fonts, Faker's text) + LIST.tsv")
     rl.add_argument("--out", required=True, help="output folder (img/, list.tsv)")

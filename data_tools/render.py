@@ -52,6 +52,8 @@ def find_font(name: str) -> Path:
     raise UserError(f"--fonts {name}: no such font file; matplotlib ships {', '.join(have)}")
 
 
+MAX_SIZE = 1000    # font size in pixels: a text line is not a poster
+
 # Faker draws dates up to "now" unless told otherwise: a fixed end keeps a seed's lines
 # the same from one day (or minute) to the next
 DATE_END = datetime.date(2025, 12, 31)
@@ -148,13 +150,15 @@ def render_lines(out: str, count: int, fonts: list[str], sizes: tuple[int, int],
         raise UserError(f"--count {count} must be >= 1")
     if not fonts:
         raise UserError("--fonts: give at least one font")
-    if not 4 <= sizes[0] <= sizes[1]:
-        raise UserError(f"--sizes {sizes[0]}-{sizes[1]}: give A-B with 4 <= A <= B")
+    if not 4 <= sizes[0] <= sizes[1] <= MAX_SIZE:
+        raise UserError(f"--sizes {sizes[0]}-{sizes[1]}: give A-B with 4 <= A <= B <= "
+                        f"{MAX_SIZE} (font sizes in pixels)")
     if margin is not None and not 0 <= margin[0] <= margin[1] <= 4:
         raise UserError(f"--margin {margin[0]}-{margin[1]}: give A-B with 0 <= A <= B <= 4")
     if not 0.2 <= stretch[0] <= stretch[1] <= 5:
         raise UserError(f"--stretch {stretch[0]}-{stretch[1]}: give A-B with "
                         f"0.2 <= A <= B <= 5")
+    from PIL import Image
     paths = [find_font(f) for f in fonts]
     lines = file_lines(text, count, max_chars) if text else faker_lines(count, seed, max_chars)
     odir = Path(out)
@@ -164,8 +168,12 @@ def render_lines(out: str, count: int, fonts: list[str], sizes: tuple[int, int],
                                   disable=not progress or None, leave=False)):
         rng = np.random.default_rng([seed, i])
         k = int(rng.integers(len(paths)))
-        im = render_line(line, paths[k], int(rng.integers(sizes[0], sizes[1] + 1)), rng,
-                         rotate, blur, noise, margin, stretch)
+        try:
+            im = render_line(line, paths[k], int(rng.integers(sizes[0], sizes[1] + 1)), rng,
+                             rotate, blur, noise, margin, stretch)
+        except Image.DecompressionBombError as e:  # a huge size times a long line
+            raise UserError(f"line {i + 1} ({line[:40]!r}): refused, the rendered image "
+                            f"would be too large ({e})") from None
         name = f"img/{i:06d}.png"
         im.save(odir / name)
         rows.append(f"{name}\t{line}\n")

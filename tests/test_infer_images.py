@@ -295,6 +295,11 @@ def hostile(tmp_path_factory):
     os.mkfifo(d / "fifo.tsv")
     (d / "nothing").mkdir()
     (d / "folder.wav").mkdir()
+    from tests.test_ocr_data import bomb_png
+    bomb_png(d / "bomb.png", 60000, 60000)       # Pillow's DecompressionBombError
+    bomb_png(d / "big.png", 10000, 10000)        # over its warning limit
+    pages = [Image.fromarray(rng.integers(0, 255, (20, 50), dtype=np.uint8)) for _ in "ab"]
+    pages[0].save(d / "multi.tif", save_all=True, append_images=pages[1:])
     return d, image
 
 
@@ -314,6 +319,9 @@ TRANSCRIBE_CASES = {
     "corrupt-png": ("im/run", "corrupt.png", ["corrupt.png: cannot decode the image"]),
     "truncated-png": ("im/run", "trunc.png", ["trunc.png: cannot decode the image"]),
     "empty-png": ("im/run", "empty.png", ["empty.png: cannot read as an image"]),
+    "bomb-png": ("im/run", "bomb.png", ["bomb.png: refused, a decompression bomb"]),
+    "huge-png": ("im/run", "big.png", ["big.png: refused, 10000 x 10000"]),
+    "multi-page-tiff": ("im/run", "multi.tif", ["multi.tif: a multi-page image (2 pages"]),
     "image-to-audio-model": ("audio.pt", "ok.png", ["ok.png: an image, but this model was "
                                                     "trained on audio"]),
     "audio-to-image-model": ("im/run", "ok.wav", ["ok.wav: this model was trained on images",

@@ -186,7 +186,7 @@ def test_images_converter_pixels(tmp_path):
     (tmp_path / "list.tsv").write_text("a.png\tcafe\u0301 x\n# a comment\n\nb.tif\tab\n"
                                        f"{tmp_path / 'c.png'}\t\u00e9\u00e9!\n")
     out = run_cli("data_tools", "images", "--list", tmp_path / "list.tsv", "--out",
-                  tmp_path / "o.nc", "--chars")
+                  tmp_path / "o.nc", "--chars", "--height", "0")
     assert out.returncode == 0, out.stderr
     ds = Dataset.open(str(tmp_path / "o.nc"))
     assert ds.is_2d and ds.heights.tolist() == [6, 6, 6] and ds.lengths.tolist() == [10, 7, 5]
@@ -213,7 +213,8 @@ def test_images_converter_height_and_columns(tmp_path):
     Image.fromarray(a[:, :15]).save(tmp_path / "b.jpg", quality=95)
     (tmp_path / "l.tsv").write_text("a.png\tx y\nb.jpg\ty\n")
     out = run_cli("data_tools", "images", "--list", tmp_path / "l.tsv", "--out",
-                  tmp_path / "c.nc", "--height", "10", "--layout", "columns", "--invert", "yes")
+                  tmp_path / "c.nc", "--height", "10", "--trim", "none", "--layout", "columns",
+                  "--invert", "yes")
     assert out.returncode == 0, out.stderr
     ds = Dataset.open(str(tmp_path / "c.nc"))
     assert not ds.is_2d and ds.column_height == 10 and ds.lengths.tolist() == [15, 8]

@@ -372,12 +372,15 @@ class NcWriter:
     ``heights`` (N,): write a 2-D file (numDims = 2, seqDims = height, width = lengths);
     each image is then appended as its height × width rows in column-major order.
     ``attrs``: global attributes (e.g. imageHeight, the converter's parameters).
+    ``strings``: further per-sequence text variables, {name: (N,) strings} (e.g. the
+    converters' ``fullTargetStrings``), written as (numSeqs, max<Name>Length) chars.
     """
 
     def __init__(self, path, labels: Sequence[str], input_size: int, lengths: Sequence[int],
                  targets: Sequence[str], tags: Sequence[str] | None = None,
                  fmt: str = "NETCDF3_64BIT_OFFSET", dtype=np.float32,
-                 heights: Sequence[int] | None = None, attrs: dict | None = None):
+                 heights: Sequence[int] | None = None, attrs: dict | None = None,
+                 strings: dict[str, Sequence[str]] | None = None):
         if fmt not in FORMATS:
             raise ValueError(f"unknown NetCDF format {fmt!r}; choose one of {FORMATS}")
         lengths = np.asarray(lengths, dtype=np.int64)
@@ -411,6 +414,12 @@ class NcWriter:
                 tg = _char_array(tags)
                 ds.createDimension("maxSeqTagLength", tg.shape[1])
                 ds.createVariable("seqTags", "S1", ("numSeqs", "maxSeqTagLength"))[:] = tg
+            for name, values in (strings or {}).items():
+                assert len(values) == n
+                arr = _char_array(values)
+                dim = f"max{name[0].upper()}{name[1:]}Length"
+                ds.createDimension(dim, arr.shape[1])
+                ds.createVariable(name, "S1", ("numSeqs", dim))[:] = arr
             ds.createVariable("labels", "S1", ("numLabels", "maxLabelLength"))[:] = lab
             ds.createVariable("targetStrings", "S1", ("numSeqs", "maxTargStringLength"))[:] = tgt
             ds.createVariable("seqLengths", "i4", ("numSeqs",))[:] = rows
