@@ -524,7 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # commands whose --out is one file, and the arguments that name their input files
-FILE_OUTPUTS = ("synth", "audio", "kaldi", "lhotse", "convert", "ngram", "images",
+FILE_OUTPUTS = ("synth", "audio", "kaldi", "lhotse", "convert", "ngram", "images", "pagexml",
                 "faker-text")
 INPUT_ARGS = ("list", "text", "inputs", "stats", "cuts", "exclude", "config")
 

@@ -209,6 +209,7 @@ def test_labels_file_with_a_comma_and_out_of_alphabet_lines(tmp_path):
 def test_split_is_seeded_and_its_lists_convert_again(tmp_path):
     write_gt_folder(tmp_path / "g")
     write_gt_folder(tmp_path / "h", 5, ".nrm")
+    (tmp_path / "out").mkdir()
     r = run_cli("data_tools", "images", tmp_path / "g", tmp_path / "h", "--out",
                 tmp_path / "out" / "set.nc", "--split", "0.6,0.2,0.2", "--seed", "3")
     assert r.returncode == 0, r.stderr
