@@ -100,7 +100,8 @@ WHEEL_COVERS = {
     "rnntrain": {"init", "train", "eval", "decode", "tune-decoder", "transcribe", "export",
                  "runs", "sweep", "report", "crossfold"},
     "rnntrain-data": {"synth", "inspect", "shard", "audio", "kaldi", "lhotse", "convert",
-                      "fsdd-strings", "yesno-lists", "ngram", "images", "render-lines",
+                      "fsdd-strings", "yesno-lists", "ngram", "images", "pagexml",
+                      "render-lines",
                       "perplexity", "faker-text", "rnnlib-config"},
 }
 
@@ -306,6 +307,18 @@ def test_wheel_in_a_fresh_venv_from_another_folder(tmp_path):
         "16-18", "--max-chars", "8")
     run("rnntrain-data", "images", "--list", "data/lines/list.tsv", "--out", "data/lines.nc",
         "--chars", "--height", "32", "--alphabet", "ascii")
+    # a PAGE-XML page: the first rendered line as the page scan, one TextLine over it
+    first, text = (work / "data/lines/list.tsv").read_text().splitlines()[0].split("\t", 1)
+    from PIL import Image
+    from xml.sax.saxutils import escape
+    w, h = Image.open(work / "data/lines" / first).size
+    (work / "data/lines/page.xml").write_text(
+        '<PcGts xmlns="http://schema.primaresearch.org/PAGE/gts/pagecontent/2019-07-15">'
+        f'<Page imageFilename="{first}" imageWidth="{w}" imageHeight="{h}"><TextRegion id="r">'
+        f'<TextLine id="l1"><Coords points="0,0 {w},0 {w},{h} 0,{h}"/><TextEquiv><Unicode>'
+        f'{escape(text)}</Unicode></TextEquiv></TextLine></TextRegion></Page></PcGts>')
+    assert "1 lines" in run("rnntrain-data", "pagexml", "data/lines/page.xml", "--out",
+                            "data/page.nc").stdout
     lines = ["data.train=data/lines.nc", "data.val=data/lines.nc", "data.test=data/lines.nc",
              "model.conv_channels=[4,4,4,4]", "run.dir=runs/lines", *small]
     run("rnntrain", "train", "printed_lines.toml", *lines)
