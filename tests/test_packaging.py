@@ -100,9 +100,8 @@ WHEEL_COVERS = {
     "rnntrain": {"init", "train", "eval", "decode", "tune-decoder", "transcribe", "export",
                  "runs", "sweep", "report", "crossfold"},
     "rnntrain-data": {"synth", "inspect", "shard", "audio", "kaldi", "lhotse", "convert",
-                      "fsdd-strings", "yesno-lists", "ngram", "images", "pagexml",
-                      "render-lines",
-                      "perplexity", "faker-text", "rnnlib-config"},
+                      "fsdd-strings", "yesno-lists", "ngram", "images", "render-lines",
+                      "perplexity", "faker-text", "rnnlib-config", "pagexml"},
 }
 
 # prints {tool: [subcommand, ...]} from the parsers of the installed (or this) package
@@ -201,6 +200,42 @@ def _inputs(work: Path):
     (work / "old.config").write_text("task transcription\nhiddenType lstm\ntrainFile "
                                      "data/synth_train.nc\nvalFile data/synth_val.nc\n"
                                      "hiddenSize 100\nlearnRate 1e-4\nmomentum 0.9\n")
+
+
+def _ocr_ground_truth(work: Path) -> int:
+    """From the rendered lines in data/lines: a .gt.txt folder (0001.png + 0001.gt.txt, as
+    OCR-D, Calamari and kraken keep them) and a PAGE-XML page (the lines pasted onto one
+    page image, each line's box as its TextLine polygon, its text as TextEquiv/Unicode).
+    Returns the number of lines."""
+    from xml.sax.saxutils import escape
+    from PIL import Image
+    rows = [ln.split("\t", 1) for ln in (work / "data/lines/list.tsv").read_text().splitlines()
+            if "\t" in ln]
+    gt = work / "data/gt"
+    gt.mkdir()
+    for n, (p, text) in enumerate(rows, 1):
+        shutil.copy(work / "data/lines" / p, gt / f"{n:04d}.png")
+        (gt / f"{n:04d}.gt.txt").write_text(text + "\n")
+    imgs = [Image.open(work / "data/lines" / p).convert("L") for p, _ in rows]
+    page = Image.new("L", (max(i.width for i in imgs) + 40,
+                           sum(i.height + 20 for i in imgs) + 20), 255)
+    lines, y = [], 20
+    for n, (im, (_, text)) in enumerate(zip(imgs, rows)):
+        page.paste(im, (20, y))
+        x0, y0, x1, y1 = 20, y, 20 + im.width, y + im.height
+        lines.append(f'<TextLine id="l{n}"><Coords points="{x0},{y0} {x1},{y0} {x1},{y1} '
+                     f'{x0},{y1}"/><TextEquiv><Unicode>{escape(text)}</Unicode></TextEquiv>'
+                     f'</TextLine>')
+        y = y1 + 20
+    (work / "page").mkdir()
+    page.save(work / "page/page.png")
+    w, h = page.size
+    ns = "http://schema.primaresearch.org/PAGE/gts/pagecontent/2019-07-15"
+    (work / "page/page.xml").write_text(
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<PcGts xmlns="{ns}"><Page imageFilename='
+        f'"page.png" imageWidth="{w}" imageHeight="{h}"><TextRegion id="r0"><Coords '
+        f'points="0,0 {w},0 {w},{h} 0,{h}"/>{"".join(lines)}</TextRegion></Page></PcGts>\n')
+    return len(rows)
 
 
 @pytest.mark.slow
@@ -307,18 +342,6 @@ def test_wheel_in_a_fresh_venv_from_another_folder(tmp_path):
         "16-18", "--max-chars", "8")
     run("rnntrain-data", "images", "--list", "data/lines/list.tsv", "--out", "data/lines.nc",
         "--chars", "--height", "32", "--alphabet", "ascii")
-    # a PAGE-XML page: the first rendered line as the page scan, one TextLine over it
-    first, text = (work / "data/lines/list.tsv").read_text().splitlines()[0].split("\t", 1)
-    from PIL import Image
-    from xml.sax.saxutils import escape
-    w, h = Image.open(work / "data/lines" / first).size
-    (work / "data/lines/page.xml").write_text(
-        '<PcGts xmlns="http://schema.primaresearch.org/PAGE/gts/pagecontent/2019-07-15">'
-        f'<Page imageFilename="{first}" imageWidth="{w}" imageHeight="{h}"><TextRegion id="r">'
-        f'<TextLine id="l1"><Coords points="0,0 {w},0 {w},{h} 0,{h}"/><TextEquiv><Unicode>'
-        f'{escape(text)}</Unicode></TextEquiv></TextLine></TextRegion></Page></PcGts>')
-    assert "1 lines" in run("rnntrain-data", "pagexml", "data/lines/page.xml", "--out",
-                            "data/page.nc").stdout
     lines = ["data.train=data/lines.nc", "data.val=data/lines.nc", "data.test=data/lines.nc",
              "model.conv_channels=[4,4,4,4]", "run.dir=runs/lines", *small]
     run("rnntrain", "train", "printed_lines.toml", *lines)
@@ -346,6 +369,19 @@ def test_wheel_in_a_fresh_venv_from_another_folder(tmp_path):
                            "--lm-weights", "0,0.5", "--word-bonuses", "0", "--label-bonuses",
                            "0", "--select", "ler", "--json").stdout)
     assert tuned["best"]["lm_weight"] in (0, 0.5)
+    # OCR ground truth as it comes: a .gt.txt folder and a PAGE-XML page, each converted
+    # with the same settings and trained on one epoch from the lines model's config
+    n = _ocr_ground_truth(work)
+    out = run("rnntrain-data", "images", "data/gt", "--out", "data/gt.nc", "--height", "32",
+              "--alphabet", "ascii").stdout
+    assert f"wrote data/gt.nc: {n} lines" in out, out
+    out = run("rnntrain-data", "pagexml", "page/page.xml", "--out", "data/page.nc",
+              "--height", "32", "--alphabet", "ascii").stdout
+    assert f"wrote data/page.nc: {n} lines" in out, out
+    for name in ("gt", "page"):
+        run("rnntrain", "train", "printed_lines.toml", *lines, f"data.train=data/{name}.nc",
+            f"data.val=data/{name}.nc", f"run.dir=runs/{name}")
+        assert (work / f"runs/{name}/checkpoints/last.pt").is_file()
 
     # ---- speech: fsdd-strings → audio → train → transcribe a recording; yesno-lists
     run("rnntrain-data", "fsdd-strings", "--recordings", "fsdd_recordings", "--split", "test",
