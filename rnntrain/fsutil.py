@@ -153,17 +153,17 @@ def write_target(path) -> tuple[Path, bool]:
     - anything else (a regular file, a new name) is replaced atomically.
     """
     path = Path(path)
-    target = Path(os.path.realpath(path)) if path.is_symlink() else path
     try:
-        mode = os.stat(target).st_mode
-    except FileNotFoundError:
-        return target, False
+        mode = os.stat(path).st_mode  # links followed
+    except FileNotFoundError:  # a new name, or a link to one: create the link's target
+        return (Path(os.path.realpath(path)) if path.is_symlink() else path), False
     except OSError as e:
         raise UserError(f"{path}: cannot write it ({e.strerror or e})") from None
     if stat.S_ISREG(mode):
-        return target, False
+        return (Path(os.path.realpath(path)) if path.is_symlink() else path), False
     if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
-        return target, True
+        # opened by the name given: /dev/fd/63 links to "pipe:[N]", which no path reaches
+        return path, True
     kind = "a folder; give a file name" if stat.S_ISDIR(mode) else \
         "a block device (a disk): refused" if stat.S_ISBLK(mode) else "not a file: refused"
     raise UserError(f"{path}: is {kind}")

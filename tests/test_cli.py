@@ -244,3 +244,20 @@ def test_finished_note_names_what_to_raise():
     note = finished_note(TrainState(epoch=1, since_best=2), tc, None, over, "runs/x")
     assert "stopped early after 2 validations" in note and note.endswith("train.patience=0")
     assert finished_note(TrainState(epoch=1, since_best=1), tc, None, over, "runs/x") is None
+
+
+def test_help_describes_the_program_and_every_command(capsys):
+    """rnntrain --help was cut mid-list (the docstring's first line); runs and report had
+    no description."""
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert "Train LSTM-CTC sequence models" in out and "describes each command." in out
+    for name in cli.HANDLERS:
+        assert f"    {name}" in out, name
+    for name in ("runs", "report"):
+        with pytest.raises(SystemExit):
+            cli.main([name, "--help"])
+        text = capsys.readouterr().out
+        paragraphs = [p for p in text.split("\n\n") if p.strip()]
+        assert not paragraphs[1].startswith(("positional", "options")), text  # a description

@@ -849,3 +849,22 @@ def test_run_dir_that_is_not_a_run_folder_is_refused_before_writing(tmp_path, ti
         assert_clean_error(r, f"run.dir = {d} {want}")
     assert {p: sorted(os.listdir(p)) for p in listing} == listing
     assert a_file.read_text() == "x"
+
+
+def test_out_to_a_process_substitution(tmp_path, tiny_run):
+    """`transcribe --out >(cmd)` (bash's /dev/fd/N, a pipe) failed with a traceback about
+    /dev/fd/63.tmpPID: the lines now reach the command."""
+    if not shutil.which("bash"):
+        pytest.skip("no bash")
+    data, _, run = tiny_run
+    got = tmp_path / "got.tsv"
+    cmd = (f'"{sys.executable}" -m rnntrain transcribe "{run}" "{data}" '
+           f'--out >(cat > "{got}"); rc=$?; wait; exit $rc')
+    p = subprocess.run(["bash", "-c", cmd], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                       capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    for _ in range(50):   # cat may finish a moment after bash's wait
+        if got.exists() and got.read_text().count("\n") == 6:
+            break
+        threading.Event().wait(0.1)
+    assert got.read_text().count("\n") == 6
