@@ -67,7 +67,4 @@ echo "single model and $FOLDS folds: $(( $(date +%s) - START )) s"
 
 echo "one model (all training lines):"
 "$PY" -m rnntrain eval "$RUN/single" "$OUT/test.nc"
-for how in vote posteriors; do
-    echo "ensemble of $FOLDS folds, --combine $how:"
-    "$PY" -m rnntrain eval "$RUN/crossfold" "$OUT/test.nc" --combine "$how"
-done
+cat "$RUN/crossfold/ensemble.md"   # the folds together both ways, and each alone
