@@ -157,6 +157,71 @@ class LogConfig:
     #                              steps) or "auto": bar on a terminal, lines otherwise
 
 
+AugmentPreset = Literal["none", "lines", "speech"]
+
+
+@dataclass
+class AugmentConfig:
+    """On-the-fly training augmentation (``rnntrain.augment``): the workers transform each
+    training sequence just before collation, never stored; validation and test data are
+    never augmented. Every draw is a function of (train.seed, epoch, sequence id) alone, so
+    the weights do not depend on the thread count and a resumed run repeats the
+    uninterrupted one. Off by default (``preset = "none"`` and every knob at -1).
+
+    A knob at -1 takes the preset's value (``rnntrain.augment.params.PRESETS``); any other
+    value overrides it (0 turns that transform off). Image knobs apply to line images (2-D
+    data, or 1-D files of image columns), feature knobs to other 1-D data; setting a knob
+    of the other kind is an error."""
+    preset: AugmentPreset = "none"
+    """"none": nothing unless a knob is set; "lines": text-line images (small affine,
+    elastic distortion, blur, erosion/dilation, contrast jitter, pixel noise; kraken's,
+    PyLaia's and Calamari's usual magnitudes); "speech": feature sequences (SpecAugment's
+    frequency and time masks and time warp as ESPnet sets them, speed perturbation 0.9-1.1,
+    feature noise)."""
+    prob: float = field(default=-1.0, metadata={"ge": -1, "finite": True})
+    """Chance that a sequence is augmented at all in an epoch (else it is used as is)."""
+    rotate: float = field(default=-1.0, metadata={"ge": -1, "finite": True})
+    """Images: largest rotation, degrees (uniform in +-rotate)."""
+    shear: float = field(default=-1.0, metadata={"ge": -1, "finite": True})
+    """Images: largest horizontal shear, x shift per pixel of height (slant; 0.2 = 11 deg)."""
+    scale: float = field(default=-1.0, metadata={"ge": -1, "lt": 1, "finite": True})
+    """Images: largest relative change of the glyph size (both axes; the width follows)."""
+    stretch: float = field(default=-1.0, metadata={"ge": -1, "lt": 1, "finite": True})
+    """Images: largest relative change of the width alone (narrow or wide typefaces)."""
+    translate: float = field(default=-1.0, metadata={"ge": -1, "finite": True})
+    """Images: largest vertical shift, as a share of the image height."""
+    elastic: float = field(default=-1.0, metadata={"ge": -1, "finite": True})
+    """Images: elastic distortion, typical displacement in pixels (a smooth random field)."""
+    elastic_scale: float = field(default=-1.0, metadata={"ge": -1, "finite": True})
+    """Images: distance between the elastic field's random control points, pixels (larger:
+    smoother, wider bends)."""
+    blur: float = field(default=-1.0, metadata={"ge": -1, "finite": True})
+    """Images: largest Gaussian blur sigma, pixels (uniform in 0..blur)."""
+    morph: int = field(default=-1, metadata={"ge": -1})
+    """Images: largest erosion/dilation window, pixels (2 or 3 thin or thicken strokes;
+    0 or 1 = off); erosion or dilation with equal chance."""
+    contrast: float = field(default=-1.0, metadata={"ge": -1, "lt": 1, "finite": True})
+    """Images: ink/background contrast jitter: ink at 1 - U(0, c), background at
+    U(0, c/2) (pixels 0..1, ink high, as ``rnntrain-data images`` writes them)."""
+    noise: float = field(default=-1.0, metadata={"ge": -1, "finite": True})
+    """Images and features: standard deviation of additive Gaussian noise (pixels 0..1;
+    features: in their own units, normalised features have unit variance)."""
+    freq_masks: int = field(default=-1, metadata={"ge": -1})
+    """Features: number of SpecAugment frequency masks (bands set to 0)."""
+    freq_mask_width: float = field(default=-1.0, metadata={"ge": -1, "lt": 1, "finite": True})
+    """Features: largest width of a frequency mask, as a share of the feature dimension."""
+    time_masks: int = field(default=-1, metadata={"ge": -1})
+    """Features: number of SpecAugment time masks (frames set to 0)."""
+    time_mask_width: float = field(default=-1.0, metadata={"ge": -1, "lt": 1, "finite": True})
+    """Features: largest width of a time mask, as a share of the sequence length."""
+    time_warp: int = field(default=-1, metadata={"ge": -1})
+    """Features: SpecAugment time warp window W, frames (a random centre moves by up to W)."""
+    speed: float = field(default=-1.0, metadata={"ge": -1, "lt": 1, "finite": True})
+    """Features: speed perturbation, largest relative change (0.1: factors 0.9-1.1, the
+    length divided by the factor); a sequence made too short for its CTC target falls back
+    to the unaugmented one."""
+
+
 @dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
@@ -167,6 +232,7 @@ class Config:
     dist: DistConfig = field(default_factory=DistConfig)
     run: RunConfig = field(default_factory=RunConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
 
 
 def section_names() -> set[str]:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
+from rnntrain.augment import Augmenter
 from rnntrain.decode.score import label_errors, padded_as_strings, ragged_as_strings
 from rnntrain.decode.search import best_path_batch
 from rnntrain.compute.device import Fence, LossScaler, autocast_dtype, to_device
@@ -87,8 +88,10 @@ class TaskComputer:
 
     def __init__(self, model, device: torch.device, input_noise: float = 0.0,
                  precision: str = "fp32", round_lengths: int = 0,
-                 scaler: LossScaler | None = None):
+                 scaler: LossScaler | None = None, augment: "Augmenter | None" = None):
         self.model, self.device, self.noise = model, device, input_noise
+        # per-sequence training augmentation (rnntrain.augment), before collation
+        self.augment = augment
         self.params = [p for p in model.parameters()]
         self.numel = sum(p.numel() for p in self.params)
         self.buffers: list[torch.Tensor] = []
@@ -139,6 +142,9 @@ class TaskComputer:
         """Returns a fence marked after this task's last kernel (wait on it to read the
         task buffer from another stream)."""
         frames, targets = task.payload
+        if self.augment is not None:  # a function of (seed, epoch, sequence id) alone
+            frames = [self.augment(self.key[1], s, f, t)
+                      for s, f, t in zip(task.seqs, frames, targets)]
         # longest first: the LSTM packs without a device-side permutation (no index copy)
         order = sorted(range(len(frames)), key=lambda j: -len(frames[j]))
         frames, targets = [frames[j] for j in order], [targets[j] for j in order]

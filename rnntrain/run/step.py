@@ -24,6 +24,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from rnntrain.augment import Augmenter
 from rnntrain.compute import allocator
 from rnntrain.compute.device import Fence, LossScaler, worker_start
 from rnntrain.compute.optim import lr_factor, set_lr
@@ -99,12 +100,13 @@ class StepRunner:
     rank 0; the fp16 loss scale and the bad-step counts from the state), ``run`` each
     batch, ``close`` at the end. ``cfg``: the whole Config (train, optim, dist sections);
     ``planner``: the run's ``BatchPlanner`` (its dataset, and the ``round_lengths`` the
-    tasks pad with, so the planner's budget and the tasks' padding always agree).
+    tasks pad with, so the planner's budget and the tasks' padding always agree);
+    ``augment``: the training augmentation the workers apply (None: off).
     """
 
     def __init__(self, cfg, model, opt: torch.optim.Optimizer, comm: Comm, device: torch.device,
                  workers: int, planner: BatchPlanner, total_steps: int,
-                 scaler: LossScaler | None = None):
+                 scaler: LossScaler | None = None, augment: Augmenter | None = None):
         tc = cfg.train
         self.cfg, self.opt, self.device, self.ds = cfg, opt, device, planner.ds
         self.workers, self.total_steps = workers, total_steps
@@ -113,7 +115,7 @@ class StepRunner:
         self.exch = Exchange(comm, cfg.dist, self.flat, params, workers)
         # tasks pad to the lengths the planner budgeted for: one round_lengths for both
         self.computer = TaskComputer(model, device, tc.input_noise, tc.precision,
-                                     planner.settings.round_lengths, scaler)
+                                     planner.settings.round_lengths, scaler, augment)
         self.scaler = self.computer.scaler
         # one CPU worker runs on this thread: its intra-op threads then share one OpenMP
         # team with the update (see WorkerPool), instead of two teams throttling each other

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from rnntrain.augment import Augmenter
 from rnntrain.compute import allocator
 from rnntrain.compute.device import autocast_dtype, host_every, memory_bytes, pick_device
 from rnntrain.compute.model import (build_model, check_memory, count_params, init_uniform,
@@ -106,6 +107,8 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
 
     # ---- data (metadata now, frames later on the reader thread) and the run folder
     train_ds, keep, val_ds, val_keep = open_data(cfg)
+    # [augment]: checked against the data now, before the run folder is claimed
+    augment = Augmenter.for_training(cfg, train_ds, total_subsample(cfg.model))
     resolved = to_toml(cfg)
     run_dir = Path(cfg.run.dir) if cfg.run.dir else default_run_dir(
         cfg.run.name or config_path, list(overrides), resolved)
@@ -126,6 +129,8 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
     if comm.size > 1:
         log.info(collectives.rank_roster(comm))
     log_skipped(log, cfg, train_ds, keep, val_ds, val_keep)
+    if augment is not None:
+        log.info(f"augmentation: {augment.describe()}")
 
     # ---- model, optimizer, plan size and the step's machinery (same weights everywhere)
     check_memory(cfg.model, train_ds.frame_size, train_ds.num_labels,
@@ -144,7 +149,7 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
         log.info(note)
     stop, bar, feed = StopFlag(), None, None
     runner = StepRunner(cfg, model, opt, comm, device, workers, planner,
-                        steps_per_epoch * tc.epochs)
+                        steps_per_epoch * tc.epochs, augment=augment)
     try:
         if resume:  # rank 0 reads it; the other ranks receive the state in runner.start
             ck = resume_checkpoint(comm, resume, run_dir, train_ds, model, opt, cfg)
