@@ -16,15 +16,19 @@ from rnntrain.augment.params import AugmentParams
 
 
 def warp_positions(t: int, window: int, rng: np.random.Generator) -> np.ndarray:
-    """SpecAugment's time warp: a centre frame c in [W, T - W) moves to w in [c - W, c + W];
-    the parts before and after are stretched to fit. → (T,) source positions."""
+    """SpecAugment's time warp (ESPnet's): the first c frames, c in [W, T - W), are
+    resized to w frames, w in [c - W, c + W], and the other T - c to T - w. → (T,) source
+    positions of the output frames (frame centres aligned, as a resize does; the caller
+    clips to the sequence)."""
     u = np.arange(t, dtype=np.float64)
     if window < 1 or t <= 2 * window + 1:
         return u
     c = int(rng.integers(window, t - window))
     w = int(rng.integers(c - window, c + window + 1))
     w = min(max(w, 1), t - 1)
-    return np.where(u < w, u * (c / w), c + (u - w) * ((t - c) / (t - w)))
+    left = (u + 0.5) * (c / w) - 0.5
+    right = c + (u - w + 0.5) * ((t - c) / (t - w)) - 0.5
+    return np.where(u < w, left, right)
 
 
 def augment_features(x: np.ndarray, p: AugmentParams, rng: np.random.Generator) -> np.ndarray:

@@ -24,8 +24,10 @@ def _u(rng: np.random.Generator, a: float) -> float:
 
 def output_width(width: int, height: int, p: AugmentParams, rng: np.random.Generator
                  ) -> tuple[int, np.ndarray, np.ndarray]:
-    """Draw the affine map. → (W', A_inv (2, 2), offset (2,)): source (y, x) =
-    A_inv @ (output (y, x)) + offset, for output columns 0..W'-1."""
+    """Draw the affine map (one uniform draw each, in this order: rotation, shear, scale,
+    stretch, vertical translation). → (W', A_inv (2, 2), offset (2,)): source (y, x) =
+    A_inv @ (output (y, x)) + offset, for output columns 0..W'-1. The map is taken about
+    the image's centre; the output's centre is the input's, moved down by the translation."""
     theta = math.radians(_u(rng, p.rotate))
     shear = _u(rng, p.shear)
     s = 1.0 + _u(rng, p.scale)
