@@ -154,8 +154,10 @@ def _cmd_eval(args) -> int:
 def _cmd_decode(args) -> int:
     if args.out:  # before decoding: a folder, a missing folder, an input given as --out
         from rnntrain.fsutil import check_output
+        from rnntrain.infer.ensemble import model_paths
         from rnntrain.infer.model import resolve  # a run folder: its best.pt is an input
-        check_output(args.out, [resolve(args.checkpoint), args.data])
+        check_output(args.out, [*(resolve(p) for p in model_paths(args.checkpoint)),
+                                args.data])
     import numpy as np
     from rnntrain.run.evaluate import evaluate
     cfg, ds, model, dev, vote = _load_models(args, need_targets=False)

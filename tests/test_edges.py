@@ -683,6 +683,7 @@ def test_out_never_destroys_what_it_points_at(tmp_path, tiny_run):
         "t-folder": (*T, folder), "t-input": (*T, data), "t-lonely": (*T, lonely),
         "t-model": (*T, best),
         "d-link": (*D, link), "d-folder": (*D, folder), "d-input": (*D, data),
+        "d-ensemble": ("rnntrain", "decode", f"{run},{run}", data, "--out", best),
         "x-link": ("rnntrain", "export", run, "--format", "onnx", "--out", onnx_link),
         "x-input": ("rnntrain", "export", best, "--format", "onnx", "--out", best),
         "x-null": ("rnntrain", "export", run, "--format", "onnx", "--out", "/dev/null"),
@@ -698,6 +699,7 @@ def test_out_never_destroys_what_it_points_at(tmp_path, tiny_run):
     for k in ("t-input", "d-input"):
         assert_clean_error(res[k], str(data), "is also an input")
     assert_clean_error(res["t-model"], str(best), "is also an input")
+    assert_clean_error(res["d-ensemble"], str(best), "is also an input")  # a member's
     assert_clean_error(res["x-input"], str(best), "is also an input")
     n = res["n-input"]
     assert n.returncode == 2 and "Traceback" not in n.stderr and \
