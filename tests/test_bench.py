@@ -12,6 +12,7 @@ from rnntrain.config import ModelConfig, OptimConfig
 from rnntrain.compute.model import CTCModel, training_flops_per_frame
 from rnntrain.data.dataset import min_frames
 from rnntrain.data.ncdata import read_header
+from tests.conftest import ROOT
 
 
 def test_training_flops_per_frame_counts_every_weight_matrix_once():
@@ -211,3 +212,12 @@ def test_every_section_names_the_cpu_it_ran_on():
     named = f"## Flops\n\n`python -m bench.flops` on {cpu}, 2 cores.\n"
     assert name_machine(named, cpu, 2) == named
     assert name_machine("no heading", cpu, 2) == "no heading"
+
+
+def test_augment_bench_times_every_frame_of_the_data(synth_pair):
+    """bench augment's augmenter figure covers each sequence of the file once."""
+    from bench.augment import augmenter_cost
+    from rnntrain.data.dataset import Dataset
+    us, frames = augmenter_cost(synth_pair[0], "speech",
+                                ROOT / "configs" / "fsdd_digits.toml")
+    assert frames == int(Dataset.open(str(synth_pair[0])).lengths.sum()) and us > 0
