@@ -101,8 +101,8 @@ def _measure(model, ds, frames, batches, threads, intra, errors: str = "rapidfuz
             results, timing = pool.run(tasks)
             t1 = time.perf_counter()
             flat.reduce_tasks(comp.buffers[: len(tasks)], results)
-            n_err += flat.stats[3]          # the step's training label errors
-            n_ref += flat.stats[4]
+            n_err += flat.stats.errors     # the step's training label errors
+            n_ref += flat.stats.refs
             flat.normalize_and_clip("sequences", 5.0)
             opt.step()
             serial += time.perf_counter() - t1   # workers idle meanwhile

@@ -92,7 +92,7 @@ def test_bf16_training_lowers_the_loss(synth_pair):
     for _ in range(30):
         flat = one_step(model, CUDA, frames, targets, [[0, 1, 2, 3], [4, 5, 6, 7]],
                         precision="bf16")
-        losses.append(flat.stats[0])
+        losses.append(flat.stats.loss)
         _, finite = flat.normalize_and_clip("sequences", 1.0)
         masked_step(opt, finite)
     assert all(l == l for l in losses) and losses[-1] < 0.5 * losses[0]

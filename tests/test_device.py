@@ -259,7 +259,7 @@ def test_bf16_training_lowers_the_loss(synth_pair):
     for _ in range(4):
         fences = run_tasks(computer, frames, targets, [[0, 1], [2, 3]])
         flat.reduce_tasks(computer.buffers[:2], fences)
-        losses.append(flat.stats[0])
+        losses.append(flat.stats.loss)
         _, finite = flat.normalize_and_clip("sequences", 1.0)
         masked_step(opt, finite)
     assert losses[-1] < 0.6 * losses[0] and all(np.isfinite(losses))

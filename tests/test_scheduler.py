@@ -76,8 +76,8 @@ def test_pool_gradient_equals_serial_gradient(workers):
     ref, ref_loss = _serial_gradient(model, frames, targets)
     rel = float(torch.linalg.vector_norm(grad.double() - ref) / torch.linalg.vector_norm(ref))
     assert rel <= 1e-6, rel
-    assert stats[0] == pytest.approx(ref_loss, rel=1e-6)
-    assert stats[1:3] == (len(frames), int(lengths.sum()))
+    assert stats.loss == pytest.approx(ref_loss, rel=1e-6)
+    assert (stats.seqs, stats.frames) == (len(frames), int(lengths.sum()))
 
 
 def test_gradient_bit_identical_across_runs_and_worker_counts():
