@@ -7,7 +7,7 @@
 #   recipes/printed_lines_ensemble.sh [OVERRIDES...]   (overrides go to every fold)
 #
 # Environment: FOLDS (default 5), AUGMENT (default "lines": the [augment] preset every fold
-# trains with, when this rnntrain has the [augment] section; "none" trains without),
+# trains with: rnntrain.augment; "none" trains without),
 # and recipes/printed_lines.sh's TRAIN_LINES, VAL_LINES, TEST_LINES.
 # Data go to data/printed_lines/ (made once, shared with printed_lines.sh), the folds to
 # runs/printed_lines_ensemble/fold-0 .. fold-4. Run it again after an interruption: the
@@ -25,13 +25,7 @@ START=$(date +%s)
 recipes/printed_lines.sh --data-only
 
 extra=()
-if [ "$AUGMENT" != "none" ]; then
-    if "$PY" -c "import rnntrain.config as c, sys; sys.exit(0 if 'augment' in c.section_names() else 1)"; then
-        extra=("augment.preset=$AUGMENT")
-    else
-        echo "$(basename "$0"): this rnntrain has no [augment] section: training without augmentation" >&2
-    fi
-fi
+[ "$AUGMENT" = none ] || extra=("augment.preset=$AUGMENT")
 "$PY" -m rnntrain crossfold configs/printed_lines.toml --folds "$FOLDS" --out "$OUT" \
     ${extra[@]+"${extra[@]}"} "$@"
 
