@@ -130,10 +130,24 @@ def _cmd_eval(args) -> int:
         raise UserError(f"{args.data}: none of its {ds.num_seqs} sequences is long enough "
                         f"for its target (subsampling {total_subsample(cfg.model)}): nothing "
                         "to score")
+    if args.details and not os.path.isdir(os.path.dirname(os.path.abspath(args.details))):
+        raise UserError(f"--details {args.details}: its folder does not exist")
+    hyps: dict[int, list[int]] = {}
     counts = evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev,
                       decoder=decoder, space=space, threads=threads, workers=threads,
-                      vote=vote)
+                      vote=vote, on_hyp=hyps.__setitem__ if args.details else None)
     out = {k: c.summary() for k, c in counts.items()}
+    if args.details:
+        from rnntrain.decode.details import details_text
+        from rnntrain.fsutil import atomic_write
+        text = details_text(((ds.tag(i), ds.targets[i].tolist(), hyps[i]) for i in
+                             sorted(hyps)), model.labels,
+                            f"{args.checkpoint} on {args.data}, "
+                            f"{decoder.describe() if decoder is not None else 'best path'}")
+        try:
+            atomic_write(args.details, text)
+        except OSError as e:
+            raise UserError(f"cannot write {args.details} ({e.strerror})") from None
     if decoder is not None:
         out["beam"]["decoder"] = decoder.describe()
     if args.json:  # one schema whether or not a beam search ran
@@ -151,6 +165,21 @@ def _cmd_eval(args) -> int:
     return 0
 
 
+def _transcript_settings(checkpoint: str, model) -> dict:
+    """What turns a sequence's log-probs into a Transcript besides the decoder: the
+    checkpoint's temperature, seconds per output frame, columns per frame, speller.
+    Several models (averaged posteriors): the first one's front end, no temperature (a
+    calibration belongs to one model)."""
+    from rnntrain.infer.api import load
+    from rnntrain.infer.ensemble import model_paths
+    paths = model_paths(checkpoint)
+    m = load(paths[0])  # the checkpoint's card: front end, image settings, calibration
+    return {"labels": model.labels, "blank": model.blank,
+            "temperature": m.temperature if len(paths) == 1 else 1.0,
+            "frame_seconds": m.frame_seconds, "frame_pixels": m.frame_pixels(),
+            "speller": m.image.text if m.image is not None else None}
+
+
 def _cmd_decode(args) -> int:
     if args.out:  # before decoding: a folder, a missing folder, an input given as --out
         from rnntrain.fsutil import check_output
@@ -165,12 +194,32 @@ def _cmd_decode(args) -> int:
     labels = model.labels
     # every sequence is decoded: a target (absent, or a placeholder) is not needed for that
     keep = np.ones(ds.num_seqs, dtype=bool)
-    hyps: dict[int, list[int]] = {}
-    evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev,
-             decoder=decoder, space=space, threads=threads, workers=threads,
-             on_hyp=lambda s, h: hyps.__setitem__(s, h), score=False, vote=vote)
-    lines = [f"{ds.tag(i)}\t{' '.join(labels[k] for k in hyps[i])}\n"
-             for i in range(ds.num_seqs)]
+    batch = args.batch_frames or cfg.train.batch_frames
+    full = args.full or args.nbest > 1
+    if (args.json or full) and vote is not None:
+        raise UserError("--combine vote gives the voted labels only: --json, --full and "
+                        "--nbest need --combine posteriors")
+    if args.json or full:  # transcripts (alignment, confidences, n-best) in the workers
+        import functools
+        from rnntrain.infer.api import decode_transcript
+        from rnntrain.infer.transcribe import format_line
+        settings = _transcript_settings(args.checkpoint, model)
+        if not args.json:  # TSV column 2 as without --full: the label names
+            settings["speller"] = None
+        fn = functools.partial(decode_transcript, beam=decoder if decoder is not None else 0,
+                               nbest=args.nbest, **settings)
+        got: dict[int, object] = {}
+        evaluate(model, ds, keep, batch, dev, space=space, threads=threads, workers=threads,
+                 score=False, per_seq=fn, on_seq=got.__setitem__)
+        lines = [format_line(ds.tag(i), got[i], args.json, True, key="tag")
+                 for i in range(ds.num_seqs)]
+    else:
+        hyps: dict[int, list[int]] = {}
+        evaluate(model, ds, keep, batch, dev,
+                 decoder=decoder, space=space, threads=threads, workers=threads,
+                 on_hyp=lambda s, h: hyps.__setitem__(s, h), score=False, vote=vote)
+        lines = [f"{ds.tag(i)}\t{' '.join(labels[k] for k in hyps[i])}\n"
+                 for i in range(ds.num_seqs)]
     if not args.out:
         sys.stdout.writelines(lines)
         return 0
@@ -204,13 +253,15 @@ def _cmd_transcribe(args) -> int:
     # the compiled decoder that decode and eval use: the same hypotheses for the same input
     decoder = decoder_from_args(args, model.labels, model.blank)
     if not args.out:
-        transcribe(model, args.inputs, decoder, threads, args.json, sys.stdout)
+        transcribe(model, args.inputs, decoder, threads, args.json, sys.stdout,
+                   nbest=args.nbest, full=args.full)
         return 0
     import io
     from rnntrain.fsutil import open_output
     # a file: no partial file under the name if interrupted; a pipe: lines as they come
     with open_output(args.out) as raw, io.TextIOWrapper(raw, encoding="utf-8") as fh:
-        n = transcribe(model, args.inputs, decoder, threads, args.json, fh)
+        n = transcribe(model, args.inputs, decoder, threads, args.json, fh,
+                       nbest=args.nbest, full=args.full)
     print(f"wrote {n} lines to {args.out}", file=sys.stderr)
     return 0
 
@@ -285,7 +336,7 @@ def _cmd_init(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rnntrain.cli_decode import add_decoder_arguments
+    from rnntrain.cli_decode import add_decoder_arguments, add_output_arguments
     p = Parser(prog="rnntrain", description="Train LSTM-CTC sequence models (speech, "
                "handwriting, OCR) on RNNLIB NetCDF data, and use them. Start with `rnntrain "
                "init` (an example config) and `rnntrain train CONFIG`; `rnntrain COMMAND -h` "
@@ -328,8 +379,14 @@ def build_parser() -> argparse.ArgumentParser:
             e.add_argument("--json", action="store_true", help="print one JSON object: "
                            "\"best\" (best path; its figures also at the top level), "
                            "\"beam\" (the beam search's, else null) and \"beam_width\"")
+            e.add_argument("--details", metavar="FILE", help="write per-sequence reference/"
+                           "hypothesis alignments and the most frequent substitutions, "
+                           "deletions and insertions (the beam search's, if any)")
         else:
             e.add_argument("--out", help="write here instead of stdout")
+            add_output_arguments(e)
+            e.add_argument("--json", action="store_true", help="JSON lines (tag, text, "
+                           "labels, confidences, starts/ends, scores; docs/decoding.md)")
     u = sub.add_parser("tune-decoder", help="search LM weight and word bonus on a "
                        "validation set", description="Runs the network once over DATA, then "
                        "decodes it for every LM weight x word bonus in the grid; prints the "
@@ -362,6 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_decoder_arguments(tr, threads=False)  # --beam, --lm, --lexicon as decode takes them
     _add_combine(tr)
     tr.add_argument("--json", action="store_true", help="JSON lines instead of TSV")
+    add_output_arguments(tr)
     tr.add_argument("--out", help="write here instead of stdout")
     tr.add_argument("--threads", type=int, default=0,
                     help="utterances in parallel (default: the cores)")

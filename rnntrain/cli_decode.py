@@ -52,9 +52,26 @@ def add_decoder_arguments(p, default_threads: int = 0, threads: bool = True) -> 
                             "(default: the CPU count)")
 
 
+def add_output_arguments(p) -> None:
+    """What ``decode`` and ``transcribe`` give back besides the hypothesis
+    (docs/decoding.md, "What comes back")."""
+    p.add_argument("--nbest", type=positive_int, default=1, metavar="N",
+                   help="the N best hypotheses of the beam search, with scores, one line "
+                        "each (implies --full; without --beam: --beam max(8, N))")
+    p.add_argument("--full", action="store_true",
+                   help="TSV: add per-label confidences, start and end (seconds, image "
+                        "pixel columns or model frames), score and rank columns")
+
+
 def decoder_from_args(args, labels: Sequence[str], blank: int) -> "Decoder | None":
     """The Decoder the options ask for, or None for plain best path."""
-    beam = args.beam if args.beam is not None else (8 if (args.lm or args.lexicon) else 0)
+    nbest = getattr(args, "nbest", 1) or 1
+    beam = args.beam if args.beam is not None else \
+        (max(8, nbest) if (args.lm or args.lexicon or nbest > 1) else 0)
+    if nbest > 1 and nbest > beam:
+        raise UserError(f"--nbest {nbest} needs a beam search at least as wide: "
+                        f"--beam {max(nbest, 8)} or more" + (
+                            f" (not --beam {beam})" if args.beam is not None else ""))
     if beam == 0 and not (args.lm or args.lexicon):
         return None
     from rnntrain.decode.beam import Decoder  # numba: only when a beam search is asked for

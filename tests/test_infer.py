@@ -19,7 +19,7 @@ from rnntrain.compute.model import build_model
 from rnntrain.config import Config, to_dict
 from rnntrain.data.ncdata import NcWriter, read_attrs, read_file
 from rnntrain.decode.search import best_path
-from rnntrain.infer.api import aligned_peaks, greedy_peaks
+from rnntrain.decode.align import align, path_positions
 from rnntrain.run.checkpoint import FORMAT_VERSION, save_atomic
 from tests.conftest import ROOT, run_cli
 
@@ -224,8 +224,9 @@ def test_peaks_lie_on_the_best_alignment_found_by_brute_force(hyp):
             runs.append(range(t, e + 1))
         t = e + 1
     want = [max(r, key=lambda f: lp[f, hyp[j]]) for j, r in enumerate(runs)]
-    assert aligned_peaks(lp, hyp, blank) == want
-    labels, peaks = greedy_peaks(lp, blank)
+    assert align(lp, hyp, blank).peaks == want
+    labels = best_path(lp, T, blank)
+    peaks = align(lp, labels, blank, positions=path_positions(np.argmax(lp, 1), blank)).peaks
     assert labels == best_path(lp, T, blank) and len(peaks) == len(labels)
     assert all(np.argmax(lp[p]) == k for p, k in zip(peaks, labels))
 

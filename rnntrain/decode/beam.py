@@ -382,8 +382,9 @@ def _search(lp, cand, blank, beam, space, constrain, use_words,
             b_pb[i] = x_pb[j]
             b_pnb[i] = x_pnb[j]
 
-    # the end: the last word, </s>; the first best among complete hypotheses
-    best, best_score, best_any, best_any_score = -1, NINF, -1, NINF
+    # the end: the last word, </s>; each surviving hypothesis' final score
+    f_score = np.empty(nb)
+    f_complete = np.zeros(nb, np.bool_)
     for i in range(nb):
         q = b_node[i]
         lm = lm_total[q]
@@ -408,15 +409,17 @@ def _search(lp, cand, blank, beam, space, constrain, use_words,
         sc += beta * cnt
         if gamma != 0.0:
             sc += gamma * nodes[q, LEN]
-        if sc > best_any_score or best_any < 0:
-            best_any, best_any_score = q, sc
-        if complete and (sc > best_score or best < 0):
-            best, best_score = q, sc
-    if best < 0:
-        best, best_score, complete = best_any, best_any_score, False
-    else:
-        complete = True
-    return best, best_score, complete, (nodes, lm_total, stamp, slot)
+        f_score[i] = sc
+        f_complete[i] = complete
+    return b_node[:nb].copy(), f_score, f_complete, (nodes, lm_total, stamp, slot)
+
+
+def _ranked(score: np.ndarray, complete: np.ndarray) -> list[int]:
+    """The final beam's entries, best first: the complete hypotheses by score (ties in
+    beam order), or, when none is complete, all of them so. The first is the search's
+    best: the first highest-scoring complete hypothesis."""
+    idx = np.flatnonzero(complete) if complete.any() else np.arange(len(score))
+    return [int(i) for i in sorted(idx.tolist(), key=lambda i: -score[i])]
 
 
 def _labels_of(nodes: np.ndarray, q: int) -> list[int]:
@@ -592,11 +595,19 @@ class Decoder:
                       ) -> tuple[list[int], float]:
         """log_probs: (T, C) → (labels, score as in the module docstring; best path: the
         sum of the chosen frames' log-probabilities)."""
+        return self.decode_nbest(log_probs, length, 1)[0]
+
+    def decode_nbest(self, log_probs: np.ndarray, length: int | None = None, n: int = 1
+                     ) -> list[tuple[list[int], float]]:
+        """log_probs: (T, C) → up to ``n`` (labels, score) pairs, best first, from the
+        final beam (distinct label sequences; with a lexicon, only those ending on a
+        complete word when any does). The first is ``decode_scored``'s. Best path
+        (beam 0) gives one."""
         lp = np.asarray(log_probs, dtype=np.float64)
         T = lp.shape[0] if length is None else int(length)
         lp = lp[:T]
         if self.beam == 0:
-            return best_path(lp, T, self.blank), float(lp.max(1).sum()) if T else 0.0
+            return [(best_path(lp, T, self.blank), float(lp.max(1).sum()) if T else 0.0)]
         k = min(max(self.beam, 1) + 1, lp.shape[1])
         # the oracle's candidates: np.argsort per frame, reversed, the first beam + 1
         cand = np.ascontiguousarray(np.argsort(lp, axis=1)[:, ::-1][:, :k]).astype(np.int64)
@@ -606,17 +617,26 @@ class Decoder:
         if ws is None:
             ws = (np.full((4096, N_COLS), -1, np.int64), np.zeros(4096), np.full(4096, -1, np.int64),
                   np.zeros(4096, np.int64))
-        q, score, complete, ws = _search(
+        qs, scores, complete, ws = _search(
             np.ascontiguousarray(lp), cand, self.blank, self.beam, self.space,
             self.lexicon is not None, self.use_words, first, nxt, lab, end, tok,
             self.lm_mode, self.label_tok, keys, ids, prob, bow, suffix, order, V, N, bos,
             eos, unk, self.lm_weight, self.word_bonus, self.label_bonus, *ws)
         self._local.ws = ws  # per thread: decode_batch's threads each keep their own
-        labels = _labels_of(ws[0], q)
-        if not complete:  # every surviving hypothesis ends inside a word: drop that part
-            while labels and labels[-1] != self.space:
-                labels.pop()
-        return labels, float(score)
+        out: list[tuple[list[int], float]] = []
+        seen: set[tuple[int, ...]] = set()
+        for i in _ranked(scores, complete):
+            labels = _labels_of(ws[0], int(qs[i]))
+            if not complete[i]:  # every surviving hypothesis ends inside a word: drop that part
+                while labels and labels[-1] != self.space:
+                    labels.pop()
+            if tuple(labels) in seen:  # trimmed to one already listed
+                continue
+            seen.add(tuple(labels))
+            out.append((labels, float(scores[i])))
+            if len(out) == n:
+                break
+        return out
 
     def decode(self, log_probs: np.ndarray, length: int | None = None) -> list[int]:
         return self.decode_scored(log_probs, length)[0]

@@ -210,3 +210,43 @@ class ErrorCounts:
         if self.ref_words:
             out.update(wer=self.word_errors / self.ref_words, ref_words=self.ref_words)
         return out
+
+
+def edit_alignment(ref: Sequence, hyp: Sequence) -> list[tuple]:
+    """A minimal edit alignment of ref and hyp: a list of (ref item or None, hyp item or
+    None) pairs in order; (a, a) correct, (a, b) a substitution, (a, None) a deletion,
+    (None, b) an insertion. Among minimal alignments, the one with the most substitutions
+    (fewest deletions + insertions), as ``edit_ops`` counts them; remaining ties go to the
+    substitution, then the deletion, at the end of the strings."""
+    n, m = len(ref), len(hyp)
+    # cost[i, j] = (edits, deletions + insertions) for ref[:i] vs hyp[:j], as one integer
+    M = n + m + 1
+    cost = np.zeros((n + 1, m + 1), np.int64)
+    cost[:, 0] = np.arange(n + 1) * (M + 1)
+    cost[0, :] = np.arange(m + 1) * (M + 1)
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            cost[i, j] = min(cost[i - 1, j - 1] + (M if ref[i - 1] != hyp[j - 1] else 0),
+                             cost[i - 1, j] + M + 1, cost[i, j - 1] + M + 1)
+    out, i, j = [], n, m
+    while i or j:
+        if i and j and cost[i, j] == cost[i - 1, j - 1] + (M if ref[i - 1] != hyp[j - 1] else 0):
+            out.append((ref[i - 1], hyp[j - 1]))
+            i, j = i - 1, j - 1
+        elif i and cost[i, j] == cost[i - 1, j] + M + 1:
+            out.append((ref[i - 1], None))
+            i -= 1
+        else:
+            out.append((None, hyp[j - 1]))
+            j -= 1
+    return out[::-1]
+
+
+def hyp_correct(ref: Sequence, hyp: Sequence) -> np.ndarray:
+    """(len(hyp),) bool: is each hypothesis label matched to an equal reference label in
+    ``edit_alignment``? (What a per-label confidence predicts.)"""
+    out = []
+    for r, h in edit_alignment(ref, hyp):
+        if h is not None:
+            out.append(r is not None and r == h)
+    return np.array(out, bool)

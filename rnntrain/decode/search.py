@@ -44,6 +44,13 @@ def best_path_batch(path: np.ndarray, lengths: np.ndarray, blank: int
 
 def prefix_beam_search(log_probs: np.ndarray, length: int, blank: int, beam: int = 8) -> list[int]:
     """log_probs: (T, C) for one sequence → most probable label sequence (approximately)."""
+    return prefix_beam_nbest(log_probs, length, blank, beam, 1)[0][0]
+
+
+def prefix_beam_nbest(log_probs: np.ndarray, length: int, blank: int, beam: int = 8,
+                      n: int = 1) -> list[tuple[list[int], float]]:
+    """The final beam's ``n`` best (labels, log P) pairs, best first (ties: beam order);
+    log P sums the prefix's blank- and non-blank-ending probabilities."""
     lp = np.asarray(log_probs[:length], dtype=np.float64)
     ninf = -np.inf
     beams = {(): (0.0, ninf)}  # prefix -> (log P ending in blank, log P ending in non-blank)
@@ -71,7 +78,7 @@ def prefix_beam_search(log_probs: np.ndarray, length: int, blank: int, beam: int
                     add(prefix + (c,), ninf, ptot + row[c])
         beams = dict(sorted(nxt.items(), key=lambda kv: -np.logaddexp(*kv[1]))[:beam])
         beams = {k: (v[0], v[1]) for k, v in beams.items()}
-    best = max(beams.items(), key=lambda kv: np.logaddexp(*kv[1]))
-    return list(best[0])
+    ranked = sorted(beams.items(), key=lambda kv: -np.logaddexp(*kv[1]))[:n]
+    return [(list(k), float(np.logaddexp(*v))) for k, v in ranked]
 
 

@@ -21,7 +21,7 @@ or Pillow images, prepared with the converter's settings (``rnntrain.frontend.im
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -36,12 +36,23 @@ AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aif", ".ai
 
 @dataclass
 class Transcript:
-    """One hypothesis: label names with the model frame of each label's CTC peak."""
+    """One hypothesis: label names, each label's frames on the CTC alignment, its peak and
+    confidence (``rnntrain.decode.align``). Frames are model output frames (after
+    stacking and the conv front end's width pooling)."""
     labels: list[str]
     peaks: list[int]                # model output frame (after stacking) of each label
     frames: int                     # model output frames of the input
     frame_seconds: float | None     # seconds per model output frame; None: not known
     spelled: str | None = None      # the text, for models whose labels are characters
+    starts: list[int] = field(default_factory=list)  # first frame of each label's span
+    ends: list[int] = field(default_factory=list)    # one past its last frame
+    confidences: list[float] = field(default_factory=list)  # per label, in (0, 1]
+    score: float | None = None      # the decoder's ranking score (module docs of decode.beam)
+    log_prob: float | None = None   # log P_ctc(hypothesis | input), every alignment summed
+    temperature: float = 1.0        # the confidences' temperature (the model's calibration)
+    frame_pixels: tuple[float, float] | None = None  # images: (offset, columns per frame):
+                                    # output frame f starts at column offset + f × columns
+    nbest: list["Transcript"] = field(default_factory=list)  # --nbest: the N best, this first
 
     @property
     def text(self) -> str:
@@ -56,67 +67,84 @@ class Transcript:
             return None
         return [round(p * self.frame_seconds, 6) for p in self.peaks]
 
-    def to_dict(self) -> dict:
+    @property
+    def unit(self) -> str:
+        """The unit of ``span_starts``/``span_ends``: "s" (audio front end), "px" (image
+        columns) or "frame" (model output frames, neither known)."""
+        return "s" if self.frame_seconds is not None else \
+            "px" if self.frame_pixels is not None else "frame"
+
+    def _at(self, frame: int) -> float:
+        if self.frame_seconds is not None:
+            return round(frame * self.frame_seconds, 6)
+        if self.frame_pixels is not None:
+            off, per = self.frame_pixels
+            return round(off + frame * per, 3)
+        return frame
+
+    @property
+    def span_starts(self) -> list:
+        """Where each label's aligned frames begin, in ``unit``: the start of its first
+        frame (seconds: frame × hop × stacking; pixels: the first image column)."""
+        return [self._at(f) for f in self.starts]
+
+    @property
+    def span_ends(self) -> list:
+        """Where each label's aligned frames end, in ``unit``: the end of its last frame."""
+        return [self._at(f) for f in self.ends]
+
+    def to_dict(self, nbest: bool = True) -> dict:
+        """The JSON object of ``--json`` (docs/decoding.md, "What comes back")."""
         d = {"text": self.text, "labels": self.labels, "peak_frames": self.peaks,
              "frames": self.frames}
         if self.frame_seconds is not None:
             d["times"] = self.times
             d["duration_s"] = round(self.frames * self.frame_seconds, 6)
+        d.update(confidences=[round(c, 6) for c in self.confidences],
+                 start_frames=self.starts, end_frames=self.ends, unit=self.unit,
+                 starts=self.span_starts, ends=self.span_ends,
+                 score=None if self.score is None else round(self.score, 6),
+                 log_prob=None if self.log_prob is None else round(self.log_prob, 6),
+                 temperature=self.temperature)
+        if self.nbest and nbest:
+            d["nbest"] = [t.to_dict(nbest=False) for t in self.nbest]
         return d
 
 
-def greedy_peaks(lp: np.ndarray, blank: int) -> tuple[list[int], list[int]]:
-    """Best path of (T, C) log-probs → (labels, peak frame of each).
-
-    Each emitted label is a run of frames whose argmax is that label; its peak is the
-    frame of the run where the label is most probable.
-    """
-    path = np.argmax(lp, axis=1)
-    labels, peaks = [], []
-    t, n = 0, len(path)
-    while t < n:
-        c = int(path[t])
-        e = t + 1
-        while e < n and path[e] == c:
-            e += 1
-        if c != blank:
-            labels.append(c)
-            peaks.append(t + int(np.argmax(lp[t:e, c])))
-        t = e
-    return labels, peaks
-
-
-def aligned_peaks(lp: np.ndarray, hyp: list[int], blank: int) -> list[int]:
-    """Peak frame of each label of ``hyp`` on its Viterbi CTC alignment with (T, C) lp."""
-    T, S = len(lp), len(hyp)
-    if S == 0:
-        return []
-    ext = np.full(2 * S + 1, blank)
-    ext[1::2] = hyp
-    n = len(ext)
-    # a label state may be entered from two states back unless it repeats the label there
-    skip = np.zeros(n, bool)
-    skip[3::2] = np.asarray(hyp[1:]) != np.asarray(hyp[:-1])
-    delta = np.full(n, -np.inf)
-    delta[:2] = lp[0, ext[:2]]
-    back = np.zeros((T, n), np.int8)
-    for t in range(1, T):
-        stay = delta
-        one = np.concatenate([[-np.inf], delta[:-1]])
-        two = np.where(skip, np.concatenate([[-np.inf, -np.inf], delta[:-2]]), -np.inf)
-        cand = np.stack([stay, one, two])
-        back[t] = np.argmax(cand, axis=0)
-        delta = cand[back[t], np.arange(n)] + lp[t, ext]
-    s = n - 1 if delta[n - 1] >= delta[n - 2] else n - 2
-    best = np.full(S, -np.inf)
-    peaks = [0] * S
-    for t in range(T - 1, -1, -1):
-        if s % 2 == 1:
-            j = s // 2
-            if lp[t, hyp[j]] >= best[j]:
-                best[j], peaks[j] = lp[t, hyp[j]], t
-        s -= int(back[t, s])
-    return peaks
+def decode_transcript(lp: np.ndarray, labels: list[str], blank: int, beam=0, nbest: int = 1,
+                      temperature: float = 1.0, frame_seconds: float | None = None,
+                      frame_pixels: tuple[float, float] | None = None,
+                      speller=None) -> Transcript:
+    """(T', C) log-probs of one utterance → Transcript (see ``Model.decode``); ``speller``:
+    label names → text, for character models."""
+    from rnntrain.decode.align import align, ctc_log_prob, path_positions
+    positions = None
+    if not isinstance(beam, (int, np.integer)):
+        hyps = beam.decode_nbest(lp, None, nbest)
+    elif beam > 0:
+        from rnntrain.decode.search import prefix_beam_nbest
+        hyps = prefix_beam_nbest(lp, len(lp), blank, beam, nbest)
+    else:
+        # the argmax path is the most probable path of all: the Viterbi alignment of the
+        # hypothesis it collapses to
+        from rnntrain.decode.search import collapse
+        path = np.argmax(lp, axis=1)
+        hyps = [(collapse(path, blank), float(lp.max(1).sum()) if len(lp) else 0.0)]
+        positions = path_positions(path, blank)
+    out = []
+    for hyp, score in hyps:
+        a = align(lp, hyp, blank, temperature, positions)
+        names = [labels[k] for k in hyp]
+        out.append(Transcript(names, a.peaks, len(lp), frame_seconds,
+                              speller(names) if speller is not None else None,
+                              a.starts, a.ends, a.confidences, score,
+                              ctc_log_prob(lp, hyp, blank) if len(lp) else 0.0,
+                              temperature, frame_pixels))
+        positions = None
+    best = out[0]
+    if nbest > 1:
+        best.nbest = out
+    return best
 
 
 def load(path, device: str = "cpu", threads: int = 0) -> "Model":
@@ -265,32 +293,38 @@ class Model:
         lp, out = self.engine.run(x, lengths)
         return [lp[:int(out[i]), i] for i in range(len(frames))]
 
-    def decode(self, lp: np.ndarray, beam=0) -> Transcript:
+    @property
+    def temperature(self) -> float:
+        """The confidences' temperature: fitted on validation data (``rnntrain
+        calibrate``, or at the end of training) and stored with the model; 1 if never."""
+        return float(getattr(self.meta, "temperature", 1.0) or 1.0)
+
+    def frame_pixels(self, name=None) -> tuple[float, float] | None:
+        """Images: (offset, columns per output frame) of the prepared line image."""
+        if self.image is None:
+            return None
+        return (0.0, float(self.subsample))
+
+    def decode(self, lp: np.ndarray, beam=0, nbest: int = 1, pixels=None) -> Transcript:
         """(T', C) log-probs → Transcript: best path, prefix beam search of width ``beam``,
         or ``beam`` a ``rnntrain.decode.beam.Decoder`` (beam search with a lexicon and LM,
-        as ``rnntrain decode`` runs it)."""
-        if not isinstance(beam, (int, np.integer)):
-            hyp = beam.decode(lp)
-            peaks = aligned_peaks(lp, hyp, self.blank)
-        elif beam > 0:
-            from rnntrain.decode.search import prefix_beam_search
-            hyp = prefix_beam_search(lp, len(lp), self.blank, beam)
-            peaks = aligned_peaks(lp, hyp, self.blank)
-        else:
-            hyp, peaks = greedy_peaks(lp, self.blank)
-        names = [self.labels[k] for k in hyp]
-        spelled = self.image.text(names) if self.image is not None else None
-        return Transcript(names, peaks, len(lp), self.frame_seconds, spelled)
+        as ``rnntrain decode`` runs it). ``nbest`` > 1: the beam's N best in
+        ``Transcript.nbest`` (the first is the returned one). ``pixels``: the image's
+        (offset, columns per frame), when known (else the prepared image's)."""
+        return decode_transcript(lp, self.labels, self.blank, beam, nbest, self.temperature,
+                                 self.frame_seconds,
+                                 pixels if pixels is not None else self.frame_pixels(),
+                                 self.image.text if self.image is not None else None)
 
-    def decode_frames(self, frames: np.ndarray, beam=0) -> Transcript:
+    def decode_frames(self, frames: np.ndarray, beam=0, nbest: int = 1) -> Transcript:
         """Model-ready frames (T, F) → Transcript (``log_probs``, then ``decode``; an
         ensemble may combine its members' hypotheses instead: ``infer.ensemble``)."""
-        return self.decode(self.log_probs(frames), beam)
+        return self.decode(self.log_probs(frames), beam, nbest)
 
-    def transcribe(self, x, beam=0, rate: int | None = None) -> Transcript:
+    def transcribe(self, x, beam=0, rate: int | None = None, nbest: int = 1) -> Transcript:
         """An audio, image or .npy path, a signal (S,) at ``rate``, features (T, F) or a
         Pillow image → Transcript."""
-        return self.decode_frames(self.frames(x, rate), beam)
+        return self.decode_frames(self.frames(x, rate), beam, nbest)
 
     def export(self, out, format: str = "onnx", check_frames=None) -> Path:
         """Write this model as TorchScript or ONNX (see ``rnntrain.infer.export``)."""

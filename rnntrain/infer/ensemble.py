@@ -380,17 +380,19 @@ class EnsembleModel(Model):
         return (f"<rnntrain ensemble of {len(self.members)} models ({self.combine}): "
                 f"{', '.join(str(m.path) for m in self.members)}>")
 
-    def decode_frames(self, frames: np.ndarray, beam=0) -> Transcript:
-        """Model-ready frames (T, F) → Transcript, combined as ``combine`` says."""
+    def decode_frames(self, frames: np.ndarray, beam=0, nbest: int = 1) -> Transcript:
+        """Model-ready frames (T, F) → Transcript, combined as ``combine`` says (voting:
+        the voters' mean confidences, no spans, no n-best)."""
         if self.combine == "posteriors":
-            return super().decode_frames(frames, beam)
-        if not isinstance(beam, (int, np.integer)) or beam > 0:
+            return super().decode_frames(frames, beam, nbest)
+        if not isinstance(beam, (int, np.integer)) or beam > 0 or nbest > 1:
             raise UserError("--combine vote votes on each model's best path: it takes "
-                            "no --beam, --lexicon or --lm (use --combine posteriors)")
+                            "no --beam, --lexicon, --lm or --nbest (use --combine posteriors)")
         x = frames[:, None, :].astype(np.float32)
         outs, lens = self.engine.run_each(x, np.array([len(frames)], np.int64))
         lps = [o[:int(n[0]), 0] for o, n in zip(outs, lens)]
         v = vote_log_probs(lps, self.blank)
         names = [self.labels[k] for k in v.labels]
         spelled = self.image.text(names) if self.image is not None else None
-        return Transcript(names, v.peaks, len(lps[0]), self.frame_seconds, spelled)
+        return Transcript(names, v.peaks, len(lps[0]), self.frame_seconds, spelled,
+                          confidences=v.confidences)

@@ -128,9 +128,11 @@ def nc_items(model: Model, src: Source, chunk_frames: int = 1_000_000) -> Iterat
 
 
 def transcribe(model: Model, inputs: list[str], beam=0, threads: int = 0,
-               as_json: bool = False, out=None, progress: bool = True) -> int:
+               as_json: bool = False, out=None, progress: bool = True, nbest: int = 1,
+               full: bool = False) -> int:
     """Write one line per utterance to ``out`` (a text stream); returns the count.
-    ``beam``: a width, or a ``Decoder`` (None: best path); see ``Model.decode``."""
+    ``beam``: a width, or a ``Decoder`` (None: best path); see ``Model.decode``.
+    ``nbest``, ``full``: see ``format_line``."""
     beam = 0 if beam is None else beam
     sources = expand(inputs)
     out = out or sys.stdout
@@ -151,7 +153,7 @@ def transcribe(model: Model, inputs: list[str], beam=0, threads: int = 0,
     def emit(name: str, fut: Future):
         nonlocal count
         t = fut.result()
-        out.write(format_line(name, t, as_json))
+        out.write(format_line(name, t, as_json, full or nbest > 1))
         count += 1
         bar.update(1)
 
@@ -160,7 +162,7 @@ def transcribe(model: Model, inputs: list[str], beam=0, threads: int = 0,
             frames = model.frames(item)
         else:
             frames = item
-        return model.decode_frames(frames, beam)
+        return model.decode_frames(frames, beam, nbest)
 
     try:
         with ThreadPoolExecutor(workers, thread_name_prefix="transcribe") as pool:
@@ -184,11 +186,35 @@ def transcribe(model: Model, inputs: list[str], beam=0, threads: int = 0,
     return count
 
 
-def format_line(name: str, t: Transcript, as_json: bool) -> str:
-    """TSV: name, hypothesis, peak times in seconds (model frames without a front end)."""
+def format_line(name: str, t: Transcript, as_json: bool, full: bool = False,
+                key: str = "input") -> str:
+    """One utterance's output (docs/decoding.md, "What comes back").
+
+    TSV: ``input, hypothesis, peak times`` (seconds; model frames without a front end).
+    ``full`` (``--full``, implied by ``--nbest``): five more columns, ``confidences,
+    starts, ends`` (space-separated, one per label; starts/ends in ``t.unit``),
+    ``score`` and ``rank`` (1 = best), and one line per n-best hypothesis.
+    JSON: one object per utterance (``Transcript.to_dict``, the name under ``key``).
+    """
     if as_json:
-        return json.dumps({"input": name, **t.to_dict()}, ensure_ascii=False) + "\n"
-    times = t.times
-    peaks = " ".join(f"{v:.2f}" for v in times) if times is not None else \
-        " ".join(str(p) for p in t.peaks)
-    return f"{name}\t{t.text}\t{peaks}\n"
+        return json.dumps({key: name, **t.to_dict()}, ensure_ascii=False) + "\n"
+    lines = []
+    for rank, h in enumerate(t.nbest or [t], 1):
+        times = h.times
+        peaks = " ".join(f"{v:.2f}" for v in times) if times is not None else \
+            " ".join(str(p) for p in h.peaks)
+        line = f"{name}\t{h.text}\t{peaks}"
+        if full:
+            line += "\t" + "\t".join([
+                " ".join(f"{c:.4f}" for c in h.confidences),
+                " ".join(_num(v) for v in h.span_starts),
+                " ".join(_num(v) for v in h.span_ends),
+                "" if h.score is None else f"{h.score:.4f}", str(rank)])
+        lines.append(line + "\n")
+        if not full:
+            break
+    return "".join(lines)
+
+
+def _num(v) -> str:
+    return str(v) if isinstance(v, int) else f"{v:.3f}".rstrip("0").rstrip(".")

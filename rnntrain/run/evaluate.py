@@ -59,6 +59,7 @@ class _Scored:
     hyps: list | None = None          # N label lists (the decoder's when there is one)
     log_probs: np.ndarray | None = None  # (T', N, C) float32
     lengths: np.ndarray | None = None    # (N,) output frames
+    per_seq: list | None = None          # N results of the ``per_seq`` function
 
 
 @dataclass
@@ -77,6 +78,7 @@ class _BatchScorer:
     # of the model's forward and best path; the loss is the averaged posteriors' (NaN
     # where the members' frame rates differ)
     vote: Callable | None = None
+    per_seq: Callable | None = None   # (T', C) log-probs of one sequence -> any result
 
     def __call__(self, worker: int, task: Task) -> _Scored:
         frames, targets = task.payload
@@ -109,6 +111,8 @@ class _BatchScorer:
             out.hyps = hyps if self.want_hyps else None
         elif self.want_hyps:
             out.hyps = [bp[j, : n[j]].tolist() for j in range(len(n))]
+        if self.per_seq is not None:
+            out.per_seq = [self.per_seq(lp[: lens[j], j]) for j in range(len(lens))]
         return out
 
 
@@ -136,7 +140,9 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
              decoder=None, space: int | None = None, threads: int = 1,
              on_log_probs: Callable[[list[int], np.ndarray, np.ndarray], None] | None = None,
              score: bool = True, workers: int = 0, intra: int = 1,
-             batch_scale: int = EVAL_BATCH_SCALE, vote: Callable | None = None
+             batch_scale: int = EVAL_BATCH_SCALE, vote: Callable | None = None,
+             per_seq: Callable | None = None,
+             on_seq: Callable[[int, object], None] | None = None
              ) -> dict[str, ErrorCounts]:
     """Score ``ds`` (only sequences with keep[i]); returns {"best": counts[, "beam": counts]}.
 
@@ -153,7 +159,8 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
     less for a small set) with ``intra`` intra-op threads; ``threads``: the decoder's threads when one worker decodes alone.
     ``vote``: an ensemble's voting (see ``_BatchScorer.vote``; no decoder then).
     """
-    assert vote is None or (decoder is None and not beam and on_log_probs is None)
+    assert vote is None or (decoder is None and not beam and on_log_probs is None
+                            and per_seq is None)
     rank, world = (comm.rank, comm.size) if comm is not None else (0, 1)
     workers = eval_workers(workers, device, comm)
     was_training = model.training
@@ -174,7 +181,8 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
             by_chunk.setdefault(s.chunk, []).append(s.seqs)
     scorer = _BatchScorer(model, device, decoder, space, score, want_hyps=on_hyp is not None,
                           want_log_probs=on_log_probs is not None,
-                          decode_threads=threads if workers == 1 else 1, vote=vote)
+                          decode_threads=threads if workers == 1 else 1, vote=vote,
+                          per_seq=per_seq)
     reader = ChunkReader(ds.load_chunk, list(by_chunk))
     try:
         # the pool sets the process-wide intra-op count: restored on the way out
@@ -203,6 +211,9 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
                     if on_hyp is not None:
                         for sid, h in zip(seqs, res.hyps):
                             on_hyp(sid, h)
+                    if on_seq is not None:
+                        for sid, r in zip(seqs, res.per_seq):
+                            on_seq(sid, r)
     finally:
         reader.close()
         model.train(was_training)
