@@ -130,8 +130,12 @@ def _cmd_eval(args) -> int:
         raise UserError(f"{args.data}: none of its {ds.num_seqs} sequences is long enough "
                         f"for its target (subsampling {total_subsample(cfg.model)}): nothing "
                         "to score")
-    if args.details and not os.path.isdir(os.path.dirname(os.path.abspath(args.details))):
-        raise UserError(f"--details {args.details}: its folder does not exist")
+    if args.details:  # before scoring: a folder, a missing folder, an input given as FILE
+        from rnntrain.fsutil import check_output
+        from rnntrain.infer.ensemble import model_paths
+        from rnntrain.infer.model import resolve
+        check_output(args.details, [*(resolve(p) for p in model_paths(args.checkpoint)),
+                                    args.data], what="--details")
     hyps: dict[int, list[int]] = {}
     counts = evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev,
                       decoder=decoder, space=space, threads=threads, workers=threads,
@@ -147,7 +151,8 @@ def _cmd_eval(args) -> int:
         try:
             atomic_write(args.details, text)
         except OSError as e:
-            raise UserError(f"cannot write {args.details} ({e.strerror})") from None
+            raise UserError(f"--details {args.details}: cannot write it "
+                            f"({e.strerror or e})") from None
     if decoder is not None:
         out["beam"]["decoder"] = decoder.describe()
     if args.json:  # one schema whether or not a beam search ran

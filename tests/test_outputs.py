@@ -339,3 +339,24 @@ def test_eval_details_counts_match_an_independent_edit_distance(tiny, tmp_path, 
               for p in (sub_part, del_part, ins_part)]
     assert [sum(c) for c in counts] == [S, D, I]
     assert all(c == sorted(c, reverse=True) for c in counts)
+
+
+def test_image_spans_are_columns_of_the_image_file(tmp_path, capsys):
+    """Images scaled to 12 px high: spans are given in the file's own columns (frames ×
+    columns per frame × file width / prepared width), inside the image."""
+    from PIL import Image
+    from tests.test_infer_images import image_run
+    run, ds, net, names = image_run(tmp_path / "d", "columns", 12)
+    m = __import__("rnntrain").load(run)
+    for name in names[:3]:
+        path = tmp_path / "d" / name
+        rec = json.loads(_main(capsys, "transcribe", run, path, "--json"))
+        width = Image.open(path).size[0]
+        cols = len(m.frames(path))
+        per = m.subsample * width / cols
+        assert rec["unit"] == "px" and width != cols      # scaled: the mapping matters
+        assert rec["starts"] == pytest.approx([f * per for f in rec["start_frames"]], abs=1e-3)
+        # the last frame may reach past the image (the frames round its width up)
+        assert rec["ends"] == pytest.approx([min(f * per, width) for f in rec["end_frames"]],
+                                            abs=1e-3)
+        assert all(0 <= s < e <= width + 1e-6 for s, e in zip(rec["starts"], rec["ends"]))

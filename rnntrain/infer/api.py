@@ -50,8 +50,9 @@ class Transcript:
     score: float | None = None      # the decoder's ranking score (module docs of decode.beam)
     log_prob: float | None = None   # log P_ctc(hypothesis | input), every alignment summed
     temperature: float = 1.0        # the confidences' temperature (the model's calibration)
-    frame_pixels: tuple[float, float] | None = None  # images: (offset, columns per frame):
-                                    # output frame f starts at column offset + f × columns
+    frame_pixels: tuple[float, float, float] | None = None  # images: (offset, columns per
+                                    # frame, width): output frame f starts at column
+                                    # offset + f × columns (at most the image's width)
     nbest: list["Transcript"] = field(default_factory=list)  # --nbest: the N best, this first
 
     @property
@@ -78,8 +79,8 @@ class Transcript:
         if self.frame_seconds is not None:
             return round(frame * self.frame_seconds, 6)
         if self.frame_pixels is not None:
-            off, per = self.frame_pixels
-            return round(off + frame * per, 3)
+            off, per, width = self.frame_pixels
+            return round(min(off + frame * per, width), 3)
         return frame
 
     @property
@@ -113,7 +114,7 @@ class Transcript:
 
 def decode_transcript(lp: np.ndarray, labels: list[str], blank: int, beam=0, nbest: int = 1,
                       temperature: float = 1.0, frame_seconds: float | None = None,
-                      frame_pixels: tuple[float, float] | None = None,
+                      frame_pixels: tuple[float, float, float] | None = None,
                       speller=None) -> Transcript:
     """(T', C) log-probs of one utterance → Transcript (see ``Model.decode``); ``speller``:
     label names → text, for character models."""
@@ -299,11 +300,23 @@ class Model:
         calibrate``, or at the end of training) and stored with the model; 1 if never."""
         return float(getattr(self.meta, "temperature", 1.0) or 1.0)
 
-    def frame_pixels(self, name=None) -> tuple[float, float] | None:
-        """Images: (offset, columns per output frame) of the prepared line image."""
+    def frame_pixels(self, path=None, columns: int = 0) -> tuple[float, float, float] | None:
+        """Images: (offset, columns per output frame, width) (``Transcript.frame_pixels``).
+        Given the image file ``path`` and the prepared image's width ``columns``, in the
+        file's own pixel columns (as displayed: EXIF rotation applied; scaled back by width
+        / prepared width); else in the prepared image's columns."""
         if self.image is None:
             return None
-        return (0.0, float(self.subsample))
+        per, w = float(self.subsample), float(columns or np.inf)
+        if path is not None and columns > 0:
+            from rnntrain.frontend.images import open_image
+            with open_image(Path(path), str(path)) as im:
+                w, h = im.size
+                # EXIF orientations 5-8 turn the image a quarter: width and height swap
+                if im.getexif().get(0x0112, 1) in (5, 6, 7, 8):
+                    w, h = h, w
+            per *= w / columns
+        return (0.0, per, float(w))
 
     def decode(self, lp: np.ndarray, beam=0, nbest: int = 1, pixels=None) -> Transcript:
         """(T', C) log-probs → Transcript: best path, prefix beam search of width ``beam``,

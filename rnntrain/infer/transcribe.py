@@ -162,7 +162,13 @@ def transcribe(model: Model, inputs: list[str], beam=0, threads: int = 0,
             frames = model.frames(item)
         else:
             frames = item
-        return model.decode_frames(frames, beam, nbest)
+        t = model.decode_frames(frames, beam, nbest)
+        if isinstance(item, Path) and model.image is not None:
+            # spans in the image file's own columns, not the height-normalised image's
+            fp = model.frame_pixels(item, len(frames))
+            for h in t.nbest or [t]:
+                h.frame_pixels = fp
+        return t
 
     try:
         with ThreadPoolExecutor(workers, thread_name_prefix="transcribe") as pool:
