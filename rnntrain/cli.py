@@ -181,7 +181,7 @@ def _transcript_settings(checkpoint: str, model) -> dict:
     m = load(paths[0])  # the checkpoint's card: front end, image settings, calibration
     return {"labels": model.labels, "blank": model.blank,
             "temperature": m.temperature if len(paths) == 1 else 1.0,
-            "frame_seconds": m.frame_seconds, "frame_pixels": m.frame_pixels(),
+            "frame_seconds": m.frame_seconds, "pixel_map": m.pixel_map(),
             "speller": m.image.text if m.image is not None else None}
 
 

@@ -342,9 +342,10 @@ def test_eval_details_counts_match_an_independent_edit_distance(tiny, tmp_path, 
 
 
 def test_image_spans_are_columns_of_the_image_file(tmp_path, capsys):
-    """Images scaled to 12 px high: spans are given in the file's own columns (frames ×
-    columns per frame × file width / prepared width), inside the image."""
+    """Images scaled to 12 px high: spans are given in the file's own columns, inside the
+    image, and contain the columns the label's frames were prepared from."""
     from PIL import Image
+    from rnntrain.frontend.images import prepare_geometry
     from tests.test_infer_images import image_run
     run, ds, net, names = image_run(tmp_path / "d", "columns", 12)
     m = __import__("rnntrain").load(run)
@@ -352,11 +353,17 @@ def test_image_spans_are_columns_of_the_image_file(tmp_path, capsys):
         path = tmp_path / "d" / name
         rec = json.loads(_main(capsys, "transcribe", run, path, "--json"))
         width = Image.open(path).size[0]
-        cols = len(m.frames(path))
-        per = m.subsample * width / cols
-        assert rec["unit"] == "px" and width != cols      # scaled: the mapping matters
-        assert rec["starts"] == pytest.approx([f * per for f in rec["start_frames"]], abs=1e-3)
-        # the last frame may reach past the image (the frames round its width up)
-        assert rec["ends"] == pytest.approx([min(f * per, width) for f in rec["end_frames"]],
-                                            abs=1e-3)
-        assert all(0 <= s < e <= width + 1e-6 for s, e in zip(rec["starts"], rec["ends"]))
+        a, geo = prepare_geometry(path, m.image.settings)
+        assert rec["unit"] == "px" and rec["labels"] and a.shape[1] != width  # scaled
+        k = m.subsample
+        # independently: prepared column c comes from original x0 + (c - pad) / scale
+        want = [min(max(geo.x0 + (f * k - geo.pad) / geo.scale, 0), width)
+                for f in rec["start_frames"]]
+        assert rec["starts"] == pytest.approx(want, abs=1e-3)
+        want = [min(max(geo.x0 + (f * k - geo.pad) / geo.scale, 0), width)
+                for f in rec["end_frames"]]
+        assert rec["ends"] == pytest.approx(want, abs=1e-3)
+        assert all(0 <= s < e <= width for s, e in zip(rec["starts"], rec["ends"]))
+        # the Python API gives the same spans
+        t = m.transcribe(path)
+        assert t.span_starts == rec["starts"] and t.span_ends == rec["ends"]

@@ -50,9 +50,9 @@ class Transcript:
     score: float | None = None      # the decoder's ranking score (module docs of decode.beam)
     log_prob: float | None = None   # log P_ctc(hypothesis | input), every alignment summed
     temperature: float = 1.0        # the confidences' temperature (the model's calibration)
-    frame_pixels: tuple[float, float, float] | None = None  # images: (offset, columns per
-                                    # frame, width): output frame f starts at column
-                                    # offset + f × columns (at most the image's width)
+    pixel_map: tuple | None = None  # images: (columns per frame, LineGeometry or None):
+                                    # frame f starts at prepared column f × columns, mapped
+                                    # to the image file's columns by the geometry if known
     nbest: list["Transcript"] = field(default_factory=list)  # --nbest: the N best, this first
 
     @property
@@ -73,14 +73,15 @@ class Transcript:
         """The unit of ``span_starts``/``span_ends``: "s" (audio front end), "px" (image
         columns) or "frame" (model output frames, neither known)."""
         return "s" if self.frame_seconds is not None else \
-            "px" if self.frame_pixels is not None else "frame"
+            "px" if self.pixel_map is not None else "frame"
 
     def _at(self, frame: int) -> float:
         if self.frame_seconds is not None:
             return round(frame * self.frame_seconds, 6)
-        if self.frame_pixels is not None:
-            off, per, width = self.frame_pixels
-            return round(min(off + frame * per, width), 3)
+        if self.pixel_map is not None:
+            per, geo = self.pixel_map
+            c = frame * per
+            return round(geo.column_to_pixel(c) if geo is not None else c, 3)
         return frame
 
     @property
@@ -114,7 +115,7 @@ class Transcript:
 
 def decode_transcript(lp: np.ndarray, labels: list[str], blank: int, beam=0, nbest: int = 1,
                       temperature: float = 1.0, frame_seconds: float | None = None,
-                      frame_pixels: tuple[float, float, float] | None = None,
+                      pixel_map: tuple | None = None,
                       speller=None) -> Transcript:
     """(T', C) log-probs of one utterance → Transcript (see ``Model.decode``); ``speller``:
     label names → text, for character models."""
@@ -140,7 +141,7 @@ def decode_transcript(lp: np.ndarray, labels: list[str], blank: int, beam=0, nbe
                               speller(names) if speller is not None else None,
                               a.starts, a.ends, a.confidences, score,
                               ctc_log_prob(lp, hyp, blank) if len(lp) else 0.0,
-                              temperature, frame_pixels))
+                              temperature, pixel_map))
         positions = None
     best = out[0]
     if nbest > 1:
@@ -300,33 +301,28 @@ class Model:
         calibrate``, or at the end of training) and stored with the model; 1 if never."""
         return float(getattr(self.meta, "temperature", 1.0) or 1.0)
 
-    def frame_pixels(self, path=None, columns: int = 0) -> tuple[float, float, float] | None:
-        """Images: (offset, columns per output frame, width) (``Transcript.frame_pixels``).
-        Given the image file ``path`` and the prepared image's width ``columns``, in the
-        file's own pixel columns (as displayed: EXIF rotation applied; scaled back by width
-        / prepared width); else in the prepared image's columns."""
-        if self.image is None:
-            return None
-        per, w = float(self.subsample), float(columns or np.inf)
-        if path is not None and columns > 0:
-            from rnntrain.frontend.images import open_image
-            with open_image(Path(path), str(path)) as im:
-                w, h = im.size
-                # EXIF orientations 5-8 turn the image a quarter: width and height swap
-                if im.getexif().get(0x0112, 1) in (5, 6, 7, 8):
-                    w, h = h, w
-            per *= w / columns
-        return (0.0, per, float(w))
+    def pixel_map(self, geometry=None) -> tuple | None:
+        """Images: ``Transcript.pixel_map`` (columns per output frame, and the
+        ``LineGeometry`` of an image file when known: spans in its own columns)."""
+        return (self.subsample, geometry) if self.image is not None else None
 
-    def decode(self, lp: np.ndarray, beam=0, nbest: int = 1, pixels=None) -> Transcript:
+    def frames_geometry(self, path) -> tuple[np.ndarray, object]:
+        """An image file → (model-ready frames (T, F), its ``LineGeometry``)."""
+        if self.image is None:
+            raise UserError(f"{path}: an image, but {self._no_image()}")
+        frames, geo = self.image.file_frames_geometry(path)
+        return self._checked(frames, str(path)), geo
+
+    def decode(self, lp: np.ndarray, beam=0, nbest: int = 1, geometry=None) -> Transcript:
         """(T', C) log-probs → Transcript: best path, prefix beam search of width ``beam``,
         or ``beam`` a ``rnntrain.decode.beam.Decoder`` (beam search with a lexicon and LM,
         as ``rnntrain decode`` runs it). ``nbest`` > 1: the beam's N best in
-        ``Transcript.nbest`` (the first is the returned one). ``pixels``: the image's
-        (offset, columns per frame), when known (else the prepared image's)."""
+        ``Transcript.nbest`` (the first is the returned one). ``geometry``: the image
+        file's ``LineGeometry``, when known (spans in its columns, else the prepared
+        image's)."""
         return decode_transcript(lp, self.labels, self.blank, beam, nbest, self.temperature,
                                  self.frame_seconds,
-                                 pixels if pixels is not None else self.frame_pixels(),
+                                 self.pixel_map(geometry),
                                  self.image.text if self.image is not None else None)
 
     def decode_frames(self, frames: np.ndarray, beam=0, nbest: int = 1) -> Transcript:
@@ -337,6 +333,14 @@ class Model:
     def transcribe(self, x, beam=0, rate: int | None = None, nbest: int = 1) -> Transcript:
         """An audio, image or .npy path, a signal (S,) at ``rate``, features (T, F) or a
         Pillow image → Transcript."""
+        if isinstance(x, (str, os.PathLike)) and self.image is not None and \
+                Path(x).suffix.lower() in IMAGE_SUFFIXES:
+            # an image file: spans in its own pixel columns (its LineGeometry)
+            frames, geo = self.frames_geometry(x)
+            t = self.decode_frames(frames, beam, nbest)
+            for h in t.nbest or [t]:
+                h.pixel_map = self.pixel_map(geo)
+            return t
         return self.decode_frames(self.frames(x, rate), beam, nbest)
 
     def export(self, out, format: str = "onnx", check_frames=None) -> Path:

@@ -159,16 +159,8 @@ def transcribe(model: Model, inputs: list[str], beam=0, threads: int = 0,
 
     def job(item):
         if isinstance(item, Path):
-            frames = model.frames(item)
-        else:
-            frames = item
-        t = model.decode_frames(frames, beam, nbest)
-        if isinstance(item, Path) and model.image is not None:
-            # spans in the image file's own columns, not the height-normalised image's
-            fp = model.frame_pixels(item, len(frames))
-            for h in t.nbest or [t]:
-                h.frame_pixels = fp
-        return t
+            return model.transcribe(item, beam, nbest=nbest)
+        return model.decode_frames(item, beam, nbest)
 
     try:
         with ThreadPoolExecutor(workers, thread_name_prefix="transcribe") as pool:
