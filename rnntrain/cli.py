@@ -1,4 +1,4 @@
-"""``rnntrain`` command line: train, eval, decode, tune-decoder, transcribe, export, runs,
+"""``rnntrain`` command line: train, eval, decode, calibrate, tune-decoder, transcribe, export, runs,
 sweep, crossfold, report, init.
 
 User mistakes (UserError, a ValueError) print one line and exit 2, without a traceback.
@@ -296,6 +296,32 @@ def _cmd_export(args) -> int:
     return 0
 
 
+def _cmd_calibrate(args) -> int:
+    from rnntrain.compute.model import total_subsample
+    from rnntrain.infer.model import resolve
+    from rnntrain.run.calibrate import calibrate, store
+    path = resolve(args.checkpoint)
+    if args.out:
+        from rnntrain.fsutil import check_output
+        check_output(args.out, [args.data])
+    cfg, ds, model, dev = _load_for_eval(str(path), args.data, args.device)
+    decoder, _, threads = _decoding(args, ds, model)
+    keep = ds.feasible(total_subsample(cfg.model))
+    cal = calibrate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev,
+                    decoder, threads, data=str(args.data))
+    stored = not args.dry_run and cal.labels > 0
+    if stored:
+        store(path, cal, args.out)
+    if args.json:
+        print(json.dumps({**cal.to_dict(), "stored": str(args.out or path) if stored else None}))
+    elif cal.labels == 0:
+        print(f"the model emits no label on {args.data}: nothing to calibrate, nothing stored")
+    else:
+        print(f"{cal.describe()}; " + (f"stored in {args.out or path}" if stored else
+                                        "not stored (--dry-run)"))
+    return 0
+
+
 def _cmd_tune_decoder(args) -> int:
     from rnntrain.cli_decode import decode_threads, space_index
     from rnntrain.run.tune import tune_decoder
@@ -392,6 +418,22 @@ def build_parser() -> argparse.ArgumentParser:
             add_output_arguments(e)
             e.add_argument("--json", action="store_true", help="JSON lines (tag, text, "
                            "labels, confidences, starts/ends, scores; docs/decoding.md)")
+    c = sub.add_parser("calibrate", help="fit the confidence temperature on labelled "
+                       "data and store it in the checkpoint",
+                       description="Runs the model over DATA (validation data with targets), "
+                       "fits the temperature T that makes the per-label confidences of "
+                       "transcribe/decode calibrated (minimum NLL of per-label correctness), "
+                       "prints the expected calibration error before and after, and stores "
+                       "T in the checkpoint (atomically; --out: in a copy).")
+    c.add_argument("checkpoint", help="a .pt checkpoint or its run folder (its best.pt)")
+    c.add_argument("data", help="labelled .nc file or dataset manifest (not the training data)")
+    c.add_argument("--out", help="write the calibrated checkpoint here instead")
+    c.add_argument("--dry-run", action="store_true", help="print the fit, store nothing")
+    c.add_argument("--json", action="store_true", help="print the fit as JSON")
+    c.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    c.add_argument("--batch-frames", type=non_negative_int, default=0,
+                   help="padded frames per batch (0 = the checkpoint's train.batch_frames)")
+    add_decoder_arguments(c)
     u = sub.add_parser("tune-decoder", help="search LM weight and word bonus on a "
                        "validation set", description="Runs the network once over DATA, then "
                        "decodes it for every LM weight x word bonus in the grid; prints the "
@@ -520,7 +562,8 @@ def _prepare(argv: list[str]) -> tuple[list[str], list[str], str | None]:
 
 
 HANDLERS = {"train": _cmd_train, "eval": _cmd_eval, "decode": _cmd_decode,
-            "tune-decoder": _cmd_tune_decoder, "transcribe": _cmd_transcribe,
+            "tune-decoder": _cmd_tune_decoder,
+            "calibrate": _cmd_calibrate, "transcribe": _cmd_transcribe,
             "export": _cmd_export, "runs": _cmd_runs, "sweep": _cmd_sweep,
             "crossfold": _cmd_crossfold,
             "report": _cmd_report, "init": _cmd_init}

@@ -367,3 +367,71 @@ def test_image_spans_are_columns_of_the_image_file(tmp_path, capsys):
         # the Python API gives the same spans
         t = m.transcribe(path)
         assert t.span_starts == rec["starts"] and t.span_ends == rec["ends"]
+
+
+# ---------------------------------------------------------------- calibration in checkpoints
+
+
+def test_calibrate_command_stores_the_fit_that_an_independent_fit_finds(tiny, tmp_path,
+                                                                        capsys):
+    import torch
+    d, h, lps = tiny
+    from rnntrain.data.dataset import Dataset
+    ds = Dataset.open(str(d / "val.nc"), 10**6)
+    blank = len(h.labels)
+    samples = LabelSamples()
+    for i, lp in enumerate(lps):
+        samples.add(lp, best_path(lp, len(lp), blank), ds.targets[i].tolist(), blank)
+    want = fit_temperature(samples)
+    assert want.labels > 0
+    out = _main(capsys, "calibrate", d / "m.pt", d / "val.nc", "--out", tmp_path / "c.pt")
+    assert "expected calibration error" in out and str(tmp_path / "c.pt") in out
+    ck = torch.load(tmp_path / "c.pt", weights_only=True)
+    cal = ck["calibration"]
+    assert cal["temperature"] == pytest.approx(want.temperature, rel=1e-3)
+    assert cal["ece_before"] == pytest.approx(want.ece_before, abs=1e-4)
+    assert cal["ece_after"] == pytest.approx(want.ece_after, abs=1e-4)
+    assert "calibration" not in torch.load(d / "m.pt", weights_only=True)  # --out: a copy
+    # the calibrated model's confidences use it; the hypotheses do not change
+    recs = [json.loads(ln) for ln in _main(capsys, "decode", tmp_path / "c.pt", d / "val.nc",
+                                            "--json").splitlines()]
+    for r, lp in zip(recs, lps):
+        hyp = best_path(lp, len(lp), blank)
+        assert r["temperature"] == cal["temperature"] and r["labels"] == [h.labels[k]
+                                                                         for k in hyp]
+        np.testing.assert_allclose(r["confidences"],
+                                   align(lp, hyp, blank, cal["temperature"]).confidences,
+                                   atol=2e-6)
+    m = __import__("rnntrain").load(tmp_path / "c.pt")
+    assert m.temperature == cal["temperature"]
+    # an export carries it
+    e = __import__("rnntrain").load(m.export(tmp_path / "c.ts", "torchscript"))
+    assert e.temperature == cal["temperature"]
+
+
+def test_a_broken_calibration_record_is_one_line(tiny, tmp_path, capsys):
+    import torch
+    from rnntrain.cli import main
+    d, _, _ = tiny
+    ck = torch.load(d / "m.pt", weights_only=True)
+    ck["calibration"] = {"temperature": float("nan")}
+    torch.save(ck, tmp_path / "bad.pt")
+    assert main(["transcribe", str(tmp_path / "bad.pt"), str(d / "val.nc")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "calibration" in err and "bad.pt" in err
+
+
+def test_training_ends_with_a_calibrated_best_checkpoint(synth_pair, tmp_path):
+    """A tiny real training: best.pt holds the temperature fitted on the validation set
+    and the log says the ECE before and after."""
+    import torch
+    from tests.conftest import train_here
+    train, val = synth_pair
+    run = train_here(None, f"data.train={train}", f"data.val={val}", "model.layers=1",
+                     "model.hidden=16", "train.epochs=2", "train.threads=1",
+                     f"run.dir={tmp_path / 'run'}")
+    cal = torch.load(run / "checkpoints" / "best.pt", weights_only=True)["calibration"]
+    assert cal["temperature"] > 0 and cal["labels"] > 0 and cal["data"] == str(val)
+    assert cal["nll_after"] <= cal["nll_before"] + 1e-12
+    assert "expected calibration error" in (run / "train.log").read_text()
+    assert __import__("rnntrain").load(run).temperature == cal["temperature"]

@@ -98,7 +98,7 @@ def test_init_writes_a_recipe_with_what_it_runs(tmp_path):
 # `rnntrain-data images` importing data_tools.audio, cannot come back unseen).
 WHEEL_COVERS = {
     "rnntrain": {"init", "train", "eval", "decode", "tune-decoder", "transcribe", "export",
-                 "runs", "sweep", "report", "crossfold"},
+                 "runs", "sweep", "report", "crossfold", "calibrate"},
     "rnntrain-data": {"synth", "inspect", "shard", "audio", "kaldi", "lhotse", "convert",
                       "fsdd-strings", "yesno-lists", "ngram", "images", "render-lines",
                       "perplexity", "faker-text", "rnnlib-config", "pagexml"},
@@ -369,6 +369,9 @@ def test_wheel_in_a_fresh_venv_from_another_folder(tmp_path):
                            "--lm-weights", "0,0.5", "--word-bonuses", "0", "--label-bonuses",
                            "0", "--select", "ler", "--json").stdout)
     assert tuned["best"]["lm_weight"] in (0, 0.5)
+    cal = json.loads(run("rnntrain", "calibrate", "runs/lines", "data/lines.nc", "--out",
+                         "calibrated.pt", "--json").stdout)
+    assert cal["temperature"] > 0 and (cal["stored"] is None) == (cal["labels"] == 0)
     # OCR ground truth as it comes: a .gt.txt folder and a PAGE-XML page, each converted
     # with the same settings and trained on one epoch from the lines model's config
     n = _ocr_ground_truth(work)

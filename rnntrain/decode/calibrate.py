@@ -101,6 +101,7 @@ class Calibration:
     labels: int             # hypothesis labels the fit used
     accuracy: float         # fraction of them that are correct
     data: str = ""          # the data it was fitted on
+    decoder: str = "best path"  # the hypotheses' decoder
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -116,11 +117,14 @@ class Calibration:
                 f"correct{', ' + self.data if self.data else ''})")
 
 
-def fit_temperature(samples: LabelSamples, data: str = "") -> Calibration:
+def fit_temperature(samples: LabelSamples, data: str = "",
+                    decoder: str = "best path") -> Calibration:
     """The T in ``T_RANGE`` minimising the NLL of correctness: a log-spaced grid, then a
     golden-section search around its best point."""
     arrays = samples.arrays()
     correct = arrays[3]
+    if not len(correct):  # no label was emitted: nothing to fit
+        return Calibration(1.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0, data, decoder)
 
     def loss(log_t: float) -> float:
         return nll(samples.confidences(float(np.exp(log_t)), arrays), correct)
@@ -147,7 +151,7 @@ def fit_temperature(samples: LabelSamples, data: str = "") -> Calibration:
     before, after = samples.confidences(1.0, arrays), samples.confidences(t, arrays)
     return Calibration(t, ece(before, correct), ece(after, correct), nll(before, correct),
                        nll(after, correct), int(len(correct)),
-                       float(correct.mean()) if len(correct) else 0.0, data)
+                       float(correct.mean()) if len(correct) else 0.0, data, decoder)
 
 
 def confidences(log_probs: np.ndarray, hyp: list[int], blank: int,

@@ -299,7 +299,7 @@ class Model:
     def temperature(self) -> float:
         """The confidences' temperature: fitted on validation data (``rnntrain
         calibrate``, or at the end of training) and stored with the model; 1 if never."""
-        return float(getattr(self.meta, "temperature", 1.0) or 1.0)
+        return self.meta.temperature
 
     def pixel_map(self, geometry=None) -> tuple | None:
         """Images: ``Transcript.pixel_map`` (columns per output frame, and the

@@ -380,6 +380,11 @@ class EnsembleModel(Model):
         return (f"<rnntrain ensemble of {len(self.members)} models ({self.combine}): "
                 f"{', '.join(str(m.path) for m in self.members)}>")
 
+    @property
+    def temperature(self) -> float:
+        """1: a calibration belongs to one model, not to the members' average."""
+        return 1.0
+
     def decode_frames(self, frames: np.ndarray, beam=0, nbest: int = 1) -> Transcript:
         """Model-ready frames (T, F) → Transcript, combined as ``combine`` says (voting:
         the voters' mean confidences, no spans, no n-best)."""

@@ -16,6 +16,7 @@ log-probabilities (T', N, C) with output lengths (N,); see ``rnntrain.infer.grap
 from __future__ import annotations
 
 import json
+import math
 import warnings
 import zipfile
 from dataclasses import dataclass, field
@@ -80,10 +81,17 @@ class Meta:
     model: dict = field(default_factory=dict)    # the [model] config section
     source: str = ""                             # the checkpoint it came from
     image: ImageFrontEnd | None = None           # models trained on converted images
+    calibration: dict | None = None              # the confidence temperature's fit
+                                                 # (decode.calibrate.Calibration.to_dict)
 
     @property
     def blank(self) -> int:
         return len(self.labels)
+
+    @property
+    def temperature(self) -> float:
+        """The confidences' temperature (1 without a calibration)."""
+        return float(self.calibration["temperature"]) if self.calibration else 1.0
 
     def to_json(self) -> str:
         return json.dumps({"format": EXPORT_FORMAT, "labels": self.labels,
@@ -91,6 +99,7 @@ class Meta:
                            "frontend": self.frontend.to_dict() if self.frontend else None,
                            "model": self.model, "source": self.source,
                            "image": self.image.to_dict() if self.image else None,
+                           "calibration": self.calibration,
                            "io": "x (T, N, F) float32 zero-padded, lengths (N,) int64 -> "
                                  "log_probs (T', N, C) float32 (blank = C - 1), "
                                  "out_lengths (N,) int64"})
@@ -105,9 +114,22 @@ class Meta:
             fe = FrontEnd.from_dict(d["frontend"], str(where)) if d.get("frontend") else None
             im = ImageFrontEnd.from_dict(d["image"], str(where)) if d.get("image") else None
             return cls(list(d["labels"]), int(d["input_size"]), int(d["subsample"]), fe,
-                       dict(d.get("model") or {}), str(d.get("source", "")), im)
+                       dict(d.get("model") or {}), str(d.get("source", "")), im,
+                       check_calibration(d.get("calibration"), where))
         except (ValueError, KeyError, TypeError) as e:
             raise UserError(f"{where}: metadata is not rnntrain's ({e})") from None
+
+
+def check_calibration(cal, where) -> dict | None:
+    """A stored calibration record (``rnntrain calibrate``): a dict whose temperature is a
+    positive finite number, else one line naming the file."""
+    if cal is None:
+        return None
+    t = cal.get("temperature") if isinstance(cal, dict) else None
+    if not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+        raise UserError(f"{where}: its calibration record has no positive finite "
+                        f"temperature ({str(cal)[:80]})")
+    return dict(cal)
 
 
 # ---------------------------------------------------------------- engines
@@ -216,7 +238,8 @@ def load_checkpoint(path: Path):
     meta = Meta(list(ck["labels"]), size, total_subsample(cfg.model),
                 FrontEnd.from_dict(fe, str(path)) if fe else None,
                 dict(ck["config"]["model"]), str(path),
-                ImageFrontEnd.from_checkpoint(ck, str(path)))
+                ImageFrontEnd.from_checkpoint(ck, str(path)),
+                check_calibration(ck.get("calibration"), path))
     return net.eval(), meta
 
 

@@ -235,6 +235,8 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
         test = None
         if cfg.data.test:  # the held-out score of the best checkpoint, once, at the end
             test = test_best(log, model, train_ds, cfg, device, comm, workers, state)
+        if val_ds is not None:  # the confidences' temperature, on the validation set
+            calibrate_best(log, model, val_ds, val_keep, cfg, device, comm, workers)
         if log.folder:
             log.info(final_summary(log.folder, log.checkpoints, state, test,
                                    time.monotonic() - t_start))
@@ -340,6 +342,26 @@ def test_best(log: RunLog, model, train_ds, cfg: Config, device, comm: Comm, wor
              f"{summ['sub']:.4f} del {summ['del']:.4f} ins {summ['ins']:.4f}), seq "
              f"error {summ['seq_error']:.4f}, loss {summ['loss']:.3f}")
     return summ
+
+
+def calibrate_best(log: RunLog, model, val_ds, val_keep, cfg: Config, device, comm: Comm,
+                   workers: int):
+    """Fit the temperature of the best checkpoint's confidences on the validation set and
+    store it in best.pt (``rnntrain calibrate`` does the same for any checkpoint). Rank 0
+    alone scores the whole set; the weights are the best checkpoint's on every rank."""
+    from rnntrain.run.calibrate import calibrate, store
+    load_best(log, model, comm)
+    best = log.checkpoints / "best.pt" if log.checkpoints is not None else None
+    if best is None or not best.exists():
+        return
+    cal = calibrate(model, val_ds, val_keep, cfg.train.batch_frames, device, workers=workers,
+                    data=str(cfg.data.val))
+    if cal.labels == 0:
+        log.info("calibration: the best checkpoint emits no label on the validation set; "
+                 "confidences stay uncalibrated")
+        return
+    store(best, cal)
+    log.info(f"calibration (validation set, best checkpoint): {cal.describe()}")
 
 
 def best_validation(metrics_path: Path) -> tuple[float, int] | None:
