@@ -241,9 +241,10 @@ def _cmd_transcribe(args) -> int:
         raise UserError("--threads must be >= 0")
     from rnntrain.cli_decode import decoder_from_args
     from rnntrain.infer.ensemble import check_combine, load_ensemble
-    from rnntrain.infer.transcribe import expand, transcribe
+    from rnntrain.infer.transcribe import check_page_out, expand, transcribe
     check_combine(args.combine)
     sources = expand(args.inputs)  # each exists and is of a known kind, before the model loads
+    check_page_out(sources, args.page_out)
     if args.out:  # a folder, a missing folder, an input (or the model) given as --out
         from rnntrain.fsutil import check_output
         from rnntrain.infer.ensemble import model_paths
@@ -259,14 +260,14 @@ def _cmd_transcribe(args) -> int:
     decoder = decoder_from_args(args, model.labels, model.blank)
     if not args.out:
         transcribe(model, args.inputs, decoder, threads, args.json, sys.stdout,
-                   nbest=args.nbest, full=args.full)
+                   nbest=args.nbest, full=args.full, page_out=args.page_out)
         return 0
     import io
     from rnntrain.fsutil import open_output
     # a file: no partial file under the name if interrupted; a pipe: lines as they come
     with open_output(args.out) as raw, io.TextIOWrapper(raw, encoding="utf-8") as fh:
         n = transcribe(model, args.inputs, decoder, threads, args.json, fh,
-                       nbest=args.nbest, full=args.full)
+                       nbest=args.nbest, full=args.full, page_out=args.page_out)
     print(f"wrote {n} lines to {args.out}", file=sys.stderr)
     return 0
 
@@ -467,6 +468,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_combine(tr)
     tr.add_argument("--json", action="store_true", help="JSON lines instead of TSV")
     add_output_arguments(tr)
+    tr.add_argument("--page-out", metavar="DIR", help="PAGE-XML inputs: write each page "
+                    "into DIR (same file name) with its lines' text and confidence "
+                    "(TextEquiv, @conf)")
     tr.add_argument("--out", help="write here instead of stdout")
     tr.add_argument("--threads", type=int, default=0,
                     help="utterances in parallel (default: the cores)")

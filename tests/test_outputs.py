@@ -435,3 +435,67 @@ def test_training_ends_with_a_calibrated_best_checkpoint(synth_pair, tmp_path):
     assert cal["nll_after"] <= cal["nll_before"] + 1e-12
     assert "expected calibration error" in (run / "train.log").read_text()
     assert __import__("rnntrain").load(run).temperature == cal["temperature"]
+
+
+# ---------------------------------------------------------------- PAGE-XML in and out
+
+
+def test_page_xml_in_page_xml_out(tmp_path, capsys):
+    """A PAGE page with rotated lines: one output line per TextLine (text-less ones too),
+    each the hypothesis of the crop that rnntrain-data pagexml cuts; --page-out writes the
+    page back with one TextEquiv per line (its text, @conf the mean label confidence),
+    everything else kept."""
+    import xml.etree.ElementTree as ET
+    import rnntrain
+    from data_tools.pagexml import PageCache, crop_line, page_image, parse_page
+    from tests.test_infer_images import image_run
+    from tests.test_ocr_data import PAGE_NS, rotated_page
+    run = image_run(tmp_path / "m", "columns", 12)[0]
+    (tmp_path / "p").mkdir()
+    xml, _ = rotated_page(tmp_path / "p", "2019")
+    (tmp_path / "out").mkdir()
+    recs = [json.loads(ln) for ln in _main(capsys, "transcribe", run, xml, "--json",
+                                            "--page-out", tmp_path / "out").splitlines()]
+    assert [r["input"] for r in recs] == [f"{xml}#{i}" for i in ("l0", "l1", "l2", "empty")]
+    # the same crops, cut by the converter's functions, transcribed through the Python API
+    m = rnntrain.load(run)
+    page = parse_page(xml, with_empty=True)
+    cache = PageCache()
+    grey = cache.get(page_image(page), "page")
+    for ln, r in zip(page.lines, recs):
+        (x0, _, x1, _), crop = crop_line(grey, cache.paper, ln, 0, True, ln.id)
+        assert m.transcribe(crop).labels == r["labels"]
+        assert r["unit"] == "px"
+        if ln.id == "l0" and r["labels"]:     # unrotated: spans lie in the line's box
+            assert all(x0 <= s < e <= x1 for s, e in zip(r["starts"], r["ends"]))
+    ns = {"p": PAGE_NS["2019"]}
+    root = ET.parse(tmp_path / "out" / "page.xml").getroot()
+    assert root.tag == f"{{{PAGE_NS['2019']}}}PcGts"
+    assert root.find("p:Page", ns).get("imageFilename") == "img/page.png"
+    assert root.find(".//p:TextRegion/p:Coords", ns) is not None
+    for r in recs:
+        line = root.find(f".//p:TextLine[@id='{r['input'].rsplit('#', 1)[1]}']", ns)
+        eqs = line.findall("p:TextEquiv", ns)
+        assert len(eqs) == 1 and not line.findall("p:Word", ns)
+        assert (eqs[0].find("p:Unicode", ns).text or "") == r["text"]
+        if r["confidences"]:
+            mean = sum(r["confidences"]) / len(r["confidences"])
+            assert float(eqs[0].get("conf")) == pytest.approx(mean, abs=1e-4)
+        assert line.find("p:Coords", ns) is not None
+        # TextEquiv after Coords and Baseline, as the schema orders them
+        tags = [c.tag.rsplit("}", 1)[1] for c in line]
+        assert tags.index("TextEquiv") > tags.index("Coords")
+
+
+def test_page_out_refuses_before_any_work(tmp_path, capsys):
+    from rnntrain.cli import main
+    from tests.test_ocr_data import rotated_page
+    (tmp_path / "p").mkdir()
+    xml, _ = rotated_page(tmp_path / "p", "2013")
+    # writing the page over its input, and a --page-out that is not a folder
+    for out in (xml.parent, tmp_path / "nothere"):
+        assert main(["transcribe", str(tmp_path / "m.pt"), str(xml), "--page-out",
+                     str(out)]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "--page-out" in err, err
+    assert "TextEquiv index=\"2\"" in xml.read_text()   # the input is untouched

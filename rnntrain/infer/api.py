@@ -306,12 +306,19 @@ class Model:
         ``LineGeometry`` of an image file when known: spans in its own columns)."""
         return (self.subsample, geometry) if self.image is not None else None
 
-    def frames_geometry(self, path) -> tuple[np.ndarray, object]:
-        """An image file → (model-ready frames (T, F), its ``LineGeometry``)."""
+    def frames_geometry(self, x, name: str | None = None) -> tuple[np.ndarray, object]:
+        """An image file or a Pillow image → (model-ready frames (T, F), its
+        ``LineGeometry``: where the frames' columns come from in the image)."""
+        name = name or str(x)
         if self.image is None:
-            raise UserError(f"{path}: an image, but {self._no_image()}")
-        frames, geo = self.image.file_frames_geometry(path)
-        return self._checked(frames, str(path)), geo
+            raise UserError(f"{name}: an image, but {self._no_image()}")
+        if hasattr(x, "getbands"):
+            from rnntrain.frontend.images import pixels_geometry
+            a, geo = pixels_geometry(x, self.image.settings, name)
+            frames = self.image.columns(a, name)
+        else:
+            frames, geo = self.image.file_frames_geometry(x)
+        return self._checked(frames, name), geo
 
     def decode(self, lp: np.ndarray, beam=0, nbest: int = 1, geometry=None) -> Transcript:
         """(T', C) log-probs → Transcript: best path, prefix beam search of width ``beam``,

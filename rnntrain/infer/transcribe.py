@@ -42,7 +42,7 @@ def check_file(p: Path, where: str):
 
 @dataclass
 class Source:
-    kind: str          # "file" (audio or .npy) or "nc"
+    kind: str          # "file" (audio, image or .npy), "nc" or "page" (PAGE/ALTO XML)
     path: Path
     name: str          # what the output line shows
 
@@ -66,12 +66,15 @@ def expand(inputs: list[str]) -> list[Source]:
         suf = p.suffix.lower()
         if suf == ".nc":
             out.append(Source("nc", p, str(p)))
+        elif suf == ".xml":
+            out.append(Source("page", p, str(p)))
         elif suf in FILE_SUFFIXES:
             out.append(Source("file", p, str(p)))
         elif suf in LIST_SUFFIXES:
             out += read_list(p)
         else:
-            raise UserError(f"{p}: not an audio file, image, .npy array, NetCDF file or list "
+            raise UserError(f"{p}: not an audio file, image, .npy array, NetCDF file, PAGE-XML "
+                            f"or ALTO page (.xml) or list "
                             f"({', '.join(sorted(LIST_SUFFIXES))})")
     return out
 
@@ -127,32 +130,60 @@ def nc_items(model: Model, src: Source, chunk_frames: int = 1_000_000) -> Iterat
             yield ds.tag(s), payload[s]
 
 
+def check_page_out(sources: list[Source], page_out: str | None) -> list[Path]:
+    """The PAGE inputs; with ``page_out``, refuse before any work what cannot be written
+    (not a folder, two pages of one name, an ALTO page, a page written over itself)."""
+    from rnntrain.infer import pagexml
+    pages = [s.path for s in sources if s.kind == "page"]
+    if page_out is not None:
+        if not pages:
+            raise UserError(f"--page-out {page_out}: no PAGE-XML input to write back")
+        if not Path(page_out).is_dir():
+            raise UserError(f"--page-out {page_out}: not a folder")
+        names = [p.name for p in pages]
+        if len(set(names)) != len(names):
+            raise UserError(f"--page-out {page_out}: two input pages are named "
+                            f"{next(n for n in names if names.count(n) > 1)}")
+        from rnntrain.fsutil import check_output
+        for p in pages:
+            pagexml.check_writable(p)
+            check_output(Path(page_out) / p.name, [p], what="--page-out")
+    return pages
+
+
 def transcribe(model: Model, inputs: list[str], beam=0, threads: int = 0,
                as_json: bool = False, out=None, progress: bool = True, nbest: int = 1,
-               full: bool = False) -> int:
+               full: bool = False, page_out: str | None = None) -> int:
     """Write one line per utterance to ``out`` (a text stream); returns the count.
     ``beam``: a width, or a ``Decoder`` (None: best path); see ``Model.decode``.
-    ``nbest``, ``full``: see ``format_line``."""
+    ``nbest``, ``full``: see ``format_line``. PAGE-XML inputs: one line per text line;
+    ``page_out``: a folder where each page is written back with its lines' text
+    (``infer.pagexml``)."""
+    from rnntrain.infer import pagexml
     beam = 0 if beam is None else beam
     sources = expand(inputs)
+    pages = check_page_out(sources, page_out)
+    results: dict[Path, dict] = {p: {} for p in pages}
     out = out or sys.stdout
     workers = threads or usable_cores()
     from tqdm import tqdm
     n_files = sum(1 for s in sources if s.kind == "file")
     bar = tqdm(total=n_files or None, unit="utt", desc="transcribe", leave=False,
                disable=not progress or (len(sources) < 20 and not any(
-                   s.kind == "nc" for s in sources)) or None, file=sys.stderr)
+                   s.kind in ("nc", "page") for s in sources)) or None, file=sys.stderr)
     import torch
     saved = torch.get_num_threads()
     # one intra-op thread per worker: utterances in parallel scale better than one
     # utterance's small matrices over several threads
     torch.set_num_threads(max(1, usable_cores() // workers))
-    window: deque[tuple[str, Future]] = deque()
+    window: deque[tuple[str, Future, tuple | None]] = deque()
     count = 0
 
-    def emit(name: str, fut: Future):
+    def emit(name: str, fut: Future, line: tuple | None = None):
         nonlocal count
         t = fut.result()
+        if line is not None:  # (page, line id): kept for --page-out
+            results[line[0]][line[1]] = t
         out.write(format_line(name, t, as_json, full or nbest > 1))
         count += 1
         bar.update(1)
@@ -160,27 +191,45 @@ def transcribe(model: Model, inputs: list[str], beam=0, threads: int = 0,
     def job(item):
         if isinstance(item, Path):
             return model.transcribe(item, beam, nbest=nbest)
+        if isinstance(item, tuple):  # a line cut from a page: spans in page columns
+            name, crop, x0 = item
+            frames, geo = model.frames_geometry(crop, name)
+            t = model.decode_frames(frames, beam, nbest)
+            for h in t.nbest or [t]:
+                h.pixel_map = model.pixel_map(pagexml.Shifted(geo, x0))
+            return t
         return model.decode_frames(item, beam, nbest)
+
+    def items_of(src: Source):
+        if src.kind == "file":
+            yield src.name, src.path, None
+        elif src.kind == "nc":
+            for name, frames in nc_items(model, src):
+                yield name, frames, None
+        else:
+            for name, lid, crop, x0 in pagexml.page_items(model, src.path):
+                yield name, (name, crop, x0), (src.path, lid)
 
     try:
         with ThreadPoolExecutor(workers, thread_name_prefix="transcribe") as pool:
             try:
                 for src in sources:
-                    items = [(src.name, src.path)] if src.kind == "file" else \
-                        nc_items(model, src)
-                    for name, item in items:
-                        window.append((name, pool.submit(job, item)))
+                    for name, item, line in items_of(src):
+                        window.append((name, pool.submit(job, item), line))
                         if len(window) >= 4 * workers:
                             emit(*window.popleft())
                 while window:
                     emit(*window.popleft())
             except BaseException:
-                for _, f in window:
+                for _, f, _ in window:
                     f.cancel()
                 raise
     finally:
         bar.close()
         torch.set_num_threads(saved)
+    if page_out is not None:
+        for p in pages:
+            pagexml.write_page(p, results[p], Path(page_out) / p.name)
     return count
 
 
