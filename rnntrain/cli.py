@@ -308,8 +308,25 @@ def _cmd_calibrate(args) -> int:
     cfg, ds, model, dev = _load_for_eval(str(path), args.data, args.device)
     decoder, _, threads = _decoding(args, ds, model)
     keep = ds.feasible(total_subsample(cfg.model))
-    cal = calibrate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev,
-                    decoder, threads, data=str(args.data))
+    batch = args.batch_frames or cfg.train.batch_frames
+    if args.check:  # the stored temperature on held-out data: nothing is fitted or stored
+        from rnntrain.infer.model import check_calibration
+        from rnntrain.run import checkpoint as ckpt
+        from rnntrain.run.calibrate import check, collect
+        stored = check_calibration(ckpt.load(path).get("calibration"), path)
+        if stored is None:
+            raise UserError(f"{path}: not calibrated (run rnntrain calibrate MODEL VAL first)")
+        res = check(collect(model, ds, keep, batch, dev, decoder, threads),
+                    float(stored["temperature"]))
+        if args.json:
+            print(json.dumps(res))
+        else:
+            print(f"{args.data}: expected calibration error {res['ece_before']:.4f} at T = 1, "
+                  f"{res['ece_after']:.4f} at the stored T = {res['temperature']:.3f}; NLL "
+                  f"{res['nll_before']:.4f} -> {res['nll_after']:.4f} ({res['labels']} "
+                  f"labels, {res['accuracy']:.1%} correct)")
+        return 0
+    cal = calibrate(model, ds, keep, batch, dev, decoder, threads, data=str(args.data))
     stored = not args.dry_run and cal.labels > 0
     if stored:
         store(path, cal, args.out)
@@ -430,6 +447,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("data", help="labelled .nc file or dataset manifest (not the training data)")
     c.add_argument("--out", help="write the calibrated checkpoint here instead")
     c.add_argument("--dry-run", action="store_true", help="print the fit, store nothing")
+    c.add_argument("--check", action="store_true", help="fit nothing: the ECE of DATA at T "
+                   "= 1 and at the checkpoint's stored temperature (held-out test data)")
     c.add_argument("--json", action="store_true", help="print the fit as JSON")
     c.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     c.add_argument("--batch-frames", type=non_negative_int, default=0,

@@ -419,6 +419,10 @@ def test_a_broken_calibration_record_is_one_line(tiny, tmp_path, capsys):
     assert main(["transcribe", str(tmp_path / "bad.pt"), str(d / "val.nc")]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "calibration" in err and "bad.pt" in err
+    # --check on a checkpoint never calibrated
+    assert main(["calibrate", str(d / "m.pt"), str(d / "val.nc"), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "not calibrated" in err
 
 
 def test_training_ends_with_a_calibrated_best_checkpoint(synth_pair, tmp_path):
@@ -435,6 +439,17 @@ def test_training_ends_with_a_calibrated_best_checkpoint(synth_pair, tmp_path):
     assert cal["nll_after"] <= cal["nll_before"] + 1e-12
     assert "expected calibration error" in (run / "train.log").read_text()
     assert __import__("rnntrain").load(run).temperature == cal["temperature"]
+    # --check: the stored temperature scored again on the set it was fitted on
+    from rnntrain.cli import main
+    import contextlib
+    import io
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["calibrate", str(run), str(val), "--check", "--json"]) == 0
+    got = json.loads(buf.getvalue())
+    assert got["temperature"] == cal["temperature"] and got["labels"] == cal["labels"]
+    assert got["ece_before"] == pytest.approx(cal["ece_before"], abs=1e-9)
+    assert got["ece_after"] == pytest.approx(cal["ece_after"], abs=1e-9)
 
 
 # ---------------------------------------------------------------- PAGE-XML in and out

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from rnntrain.decode.align import path_positions, viterbi_positions
-from rnntrain.decode.calibrate import Calibration, LabelSamples, fit_temperature
+from rnntrain.decode.calibrate import Calibration, LabelSamples, ece, fit_temperature, nll
 from rnntrain.run.evaluate import evaluate
 
 
@@ -40,6 +40,28 @@ def calibrate(model, ds, keep: np.ndarray, batch_frames: int, device, decoder=No
               workers: int = 0, data: str = "") -> Calibration:
     """Fit the temperature of ``model``'s confidences on the sequences of ``ds`` with
     keep[i] (their targets are the references)."""
+    samples = collect(model, ds, keep, batch_frames, device, decoder, workers)
+    return fit_temperature(samples, data,
+                           decoder.describe() if decoder is not None else "best path")
+
+
+def check(samples: LabelSamples, temperature: float) -> dict:
+    """ECE and NLL of ``samples`` at T = 1 and at ``temperature`` (a stored calibration
+    checked on held-out data)."""
+    arrays = samples.arrays()
+    correct = arrays[3]
+    out = {"temperature": temperature, "labels": int(len(correct)),
+           "accuracy": float(correct.mean()) if len(correct) else 0.0}
+    for key, t in (("before", 1.0), ("after", temperature)):
+        c = samples.confidences(t, arrays)
+        out[f"ece_{key}"], out[f"nll_{key}"] = ece(c, correct), nll(c, correct)
+    return out
+
+
+def collect(model, ds, keep: np.ndarray, batch_frames: int, device, decoder=None,
+            workers: int = 0) -> LabelSamples:
+    """The hypothesis labels of ``ds``'s kept sequences with their aligned frames and
+    correctness (``LabelSamples``)."""
     samples = LabelSamples()
 
     def take(sid: int, res):
@@ -49,8 +71,7 @@ def calibrate(model, ds, keep: np.ndarray, batch_frames: int, device, decoder=No
 
     evaluate(model, ds, keep, batch_frames, device, workers=workers,
              per_seq=_Aligner(model.blank, decoder), on_seq=take)
-    return fit_temperature(samples, data,
-                           decoder.describe() if decoder is not None else "best path")
+    return samples
 
 
 def store(path, calibration: Calibration, out=None):
