@@ -472,6 +472,7 @@ def test_page_xml_in_page_xml_out(tmp_path, capsys):
     recs = [json.loads(ln) for ln in _main(capsys, "transcribe", run, xml, "--json",
                                             "--page-out", tmp_path / "out").splitlines()]
     assert [r["input"] for r in recs] == [f"{xml}#{i}" for i in ("l0", "l1", "l2", "empty")]
+    assert sum(len(r["labels"]) for r in recs) > 3   # the checks below are not vacuous
     # the same crops, cut by the converter's functions, transcribed through the Python API
     m = rnntrain.load(run)
     page = parse_page(xml, with_empty=True)
@@ -491,11 +492,24 @@ def test_page_xml_in_page_xml_out(tmp_path, capsys):
     for r in recs:
         line = root.find(f".//p:TextLine[@id='{r['input'].rsplit('#', 1)[1]}']", ns)
         eqs = line.findall("p:TextEquiv", ns)
-        assert len(eqs) == 1 and not line.findall("p:Word", ns)
+        assert len(eqs) == 1 and "wrong" not in ET.tostring(line, encoding="unicode")
         assert (eqs[0].find("p:Unicode", ns).text or "") == r["text"]
         if r["confidences"]:
             mean = sum(r["confidences"]) / len(r["confidences"])
             assert float(eqs[0].get("conf")) == pytest.approx(mean, abs=1e-4)
+        # one Glyph per non-space label, in order, with its confidence and span
+        glyphs = line.findall("p:Word/p:Glyph", ns)
+        keep = [k for k, c in enumerate(r["text"]) if not c.isspace()] \
+            if len(r["text"]) == len(r["labels"]) else list(range(len(r["labels"])))
+        assert len(glyphs) == len(keep)
+        for g, k in zip(glyphs, keep):
+            assert float(g.find("p:TextEquiv", ns).get("conf")) == pytest.approx(
+                r["confidences"][k], abs=1e-4)
+            xs = [int(p.split(",")[0]) for p in g.find("p:Coords", ns).get("points").split()]
+            assert min(xs) == round(r["starts"][k])
+        words = line.findall("p:Word", ns)
+        assert " ".join((w.find("p:TextEquiv/p:Unicode", ns).text or "") for w in words) \
+            == " ".join(r["text"].split()) or len(r["text"]) != len(r["labels"])
         assert line.find("p:Coords", ns) is not None
         # TextEquiv after Coords and Baseline, as the schema orders them
         tags = [c.tag.rsplit("}", 1)[1] for c in line]

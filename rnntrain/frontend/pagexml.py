@@ -133,7 +133,7 @@ def parse_page(path, with_empty: bool = False) -> Page:
     raise UserError(f"{path}: neither PAGE-XML (PcGts) nor ALTO (alto) but <{kind}>")
 
 
-def _page_points(el, where: str) -> np.ndarray | None:
+def page_points(el, where: str) -> np.ndarray | None:
     if el is None:
         return None
     if el.get("points") is not None:
@@ -180,10 +180,10 @@ def _parse_page_xml(path: Path, root, with_empty: bool = False) -> Page:
             if not with_empty:
                 continue
             text = ""
-        poly = _page_points(kid(line, "Coords"), f"{where} Coords")
+        poly = page_points(kid(line, "Coords"), f"{where} Coords")
         if poly is None:
             raise UserError(f"{where}: no Coords (the line's polygon)")
-        base = _page_points(kid(line, "Baseline"), f"{where} Baseline")
+        base = page_points(kid(line, "Baseline"), f"{where} Baseline")
         page.lines.append(PageLine(lid, poly, base, text))
     return page
 

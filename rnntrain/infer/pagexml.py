@@ -4,9 +4,13 @@
 
 Written back: a copy of the input PAGE file in which every transcribed ``TextLine`` holds
 one ``TextEquiv`` (``@index`` 1, ``@conf`` = the mean of the line's per-label
-confidences, ``Unicode`` = the hypothesis' text); the line's former ``TextEquiv``s and its
-``Word`` children (whose text would contradict the new line text) are removed; the rest of
-the document (regions, coordinates, metadata, unknown elements) is kept as it was.
+confidences, ``Unicode`` = the hypothesis' text) and, before it, one ``Word`` per
+space-separated word of the hypothesis, each with a ``Glyph`` per character: their
+``Coords`` are boxes from the label's start to its end column (the spans of ``transcribe``,
+on the page) over the line polygon's vertical extent (axis-aligned: for a rotated line,
+an approximation), their ``TextEquiv@conf`` the label's confidence (a word's: the mean of
+its glyphs'). The line's former ``TextEquiv``s and ``Word``s are removed; the rest of the
+document (regions, coordinates, metadata, unknown elements) is kept as it was.
 """
 from __future__ import annotations
 
@@ -16,8 +20,8 @@ from pathlib import Path
 from typing import Iterator
 
 from rnntrain.errors import UserError
-from rnntrain.frontend.pagexml import (PageCache, crop_line, kids, local, page_image,
-                                       parse_page, read_xml)
+from rnntrain.frontend.pagexml import (PageCache, crop_line, kid, kids, local, page_image,
+                                       page_points, parse_page, read_xml)
 
 PADDING = 0            # pixels around each line's polygon (rnntrain-data pagexml's default)
 
@@ -71,12 +75,62 @@ def write_page(xml: Path, results: dict, out: Path):
             continue
         for old in kids(line, "TextEquiv") + kids(line, "Word"):
             line.remove(old)
-        # TextEquiv follows Coords, Baseline and Words in the schema's sequence
+        # Words, then TextEquiv, follow Coords and Baseline in the schema's sequence
         before = [i for i, c in enumerate(line) if local(c.tag) in
                   ("AlternativeImage", "Coords", "Baseline")]
-        eq = ET.Element(q("TextEquiv"), {"index": "1"})
-        if t.confidences:
-            eq.set("conf", f"{sum(t.confidences) / len(t.confidences):.4f}")
-        ET.SubElement(eq, q("Unicode")).text = t.text
-        line.insert(before[-1] + 1 if before else 0, eq)
+        at = before[-1] + 1 if before else 0
+        poly = page_points(kid(line, "Coords"), f"{xml} TextLine {line.get('id')}")
+        y0, y1 = (float(poly[:, 1].min()), float(poly[:, 1].max())) if poly is not None \
+            else (0.0, 0.0)
+        for word in words(t, line.get("id"), y0, y1, q):
+            line.insert(at, word)
+            at += 1
+        line.insert(at, text_equiv(t.text, t.confidences, q))
     atomic_write(out, ET.tostring(root, encoding="utf-8", xml_declaration=True))
+
+
+def text_equiv(text: str, confs: list[float], q) -> ET.Element:
+    """<TextEquiv index="1" conf="mean"><Unicode>text</Unicode></TextEquiv>."""
+    eq = ET.Element(q("TextEquiv"), {"index": "1"})
+    if confs:
+        eq.set("conf", f"{sum(confs) / len(confs):.4f}")
+    ET.SubElement(eq, q("Unicode")).text = text
+    return eq
+
+
+def _box(x0: float, x1: float, y0: float, y1: float) -> str:
+    x0, x1 = int(round(x0)), max(int(round(x1)), int(round(x0)) + 1)
+    y0, y1 = int(round(y0)), int(round(y1))
+    return f"{x0},{y0} {x1},{y0} {x1},{y1} {x0},{y1}"
+
+
+def words(t, line_id: str, y0: float, y1: float, q) -> list[ET.Element]:
+    """The hypothesis' Words and Glyphs (see the module docstring). A label is one
+    character when the text has as many characters as there are labels (character
+    models), else its name stands for itself."""
+    chars = list(t.text) if len(t.text) == len(t.labels) else list(t.labels)
+    xs, xe = t.span_starts, t.span_ends
+    out, cur = [], []
+
+    def close():
+        if not cur:
+            return
+        w = ET.Element(q("Word"), {"id": f"{line_id}_w{len(out)}"})
+        ET.SubElement(w, q("Coords"), {"points": _box(min(xs[k] for k in cur),
+                                                       max(xe[k] for k in cur), y0, y1)})
+        for n, k in enumerate(cur):
+            g = ET.SubElement(w, q("Glyph"), {"id": f"{line_id}_w{len(out)}_g{n}"})
+            ET.SubElement(g, q("Coords"), {"points": _box(xs[k], xe[k], y0, y1)})
+            g.append(text_equiv(chars[k], [t.confidences[k]], q))
+        w.append(text_equiv("".join(chars[k] for k in cur),
+                            [t.confidences[k] for k in cur], q))
+        out.append(w)
+        cur.clear()
+
+    for k, c in enumerate(chars):
+        if c.isspace():
+            close()
+        else:
+            cur.append(k)
+    close()
+    return out
