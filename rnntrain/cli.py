@@ -265,9 +265,14 @@ def _cmd_transcribe(args) -> int:
     import io
     from rnntrain.fsutil import open_output
     # a file: no partial file under the name if interrupted; a pipe: lines as they come
-    with open_output(args.out) as raw, io.TextIOWrapper(raw, encoding="utf-8") as fh:
-        n = transcribe(model, args.inputs, decoder, threads, args.json, fh,
-                       nbest=args.nbest, full=args.full, page_out=args.page_out)
+    try:
+        with open_output(args.out) as raw, io.TextIOWrapper(raw, encoding="utf-8") as fh:
+            n = transcribe(model, args.inputs, decoder, threads, args.json, fh,
+                           nbest=args.nbest, full=args.full, page_out=args.page_out)
+    except OSError as e:  # a full disk, /dev/full: name the output
+        if isinstance(e, BrokenPipeError):
+            raise
+        raise UserError(f"--out {args.out}: cannot write it ({e.strerror or e})") from None
     print(f"wrote {n} lines to {args.out}", file=sys.stderr)
     return 0
 

@@ -689,6 +689,9 @@ def test_out_never_destroys_what_it_points_at(tmp_path, tiny_run):
         "x-null": ("rnntrain", "export", run, "--format", "onnx", "--out", "/dev/null"),
         "n-input": ("data_tools", "ngram", text, "--out", text),
     }
+    full = os.path.exists("/dev/full")   # a device that refuses every write (ENOSPC)
+    if full:
+        cases["t-full"] = (*T, "/dev/full")
     with alarm(280):
         res = dict(zip(cases, run_cli_batch(list(cases.values()), timeout=270)))
     t.join(10)
@@ -706,6 +709,9 @@ def test_out_never_destroys_what_it_points_at(tmp_path, tiny_run):
         n.stderr.strip().splitlines()[-1] == f"rnntrain-data ngram: error: --out {text}: is " \
         "also an input; writing it would destroy it: choose another name", n.stderr
     assert_clean_error(res["t-lonely"], str(lonely), "FIFO", "no process reads")
+    if full:
+        assert_clean_error(res["t-full"], "--out /dev/full: cannot write it (No space left")
+        assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
     # nothing destroyed
     assert data.read_bytes() == data_bytes and best.read_bytes() == best_bytes
     assert text.read_text() == "a b\nb a\n"
