@@ -147,7 +147,8 @@ def _cmd_eval(args) -> int:
         text = details_text(((ds.tag(i), ds.targets[i].tolist(), hyps[i]) for i in
                              sorted(hyps)), model.labels,
                             f"{args.checkpoint} on {args.data}, "
-                            f"{decoder.describe() if decoder is not None else 'best path'}")
+                            f"{decoder.describe() if decoder is not None else 'best path'}",
+                            space)
         try:
             atomic_write(args.details, text)
         except OSError as e:

@@ -528,3 +528,14 @@ def test_page_out_refuses_before_any_work(tmp_path, capsys):
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "--page-out" in err, err
     assert "TextEquiv index=\"2\"" in xml.read_text()   # the input is untouched
+
+
+def test_eval_details_with_space_adds_a_word_report_matching_the_wer(tiny, tmp_path, capsys):
+    d, h, _ = tiny
+    out = json.loads(_main(capsys, "eval", d / "m.pt", d / "val.nc", "--json", "--space",
+                           h.labels[1], "--details", tmp_path / "errs.txt"))
+    text = (tmp_path / "errs.txt").read_text()
+    assert text.count("%LER ") == 1 and text.count("%WER ") == 1
+    line = next(ln for ln in text.splitlines() if ln.startswith("%WER "))
+    e, n = line.split("[")[1].split(",")[0].split(" / ")
+    assert int(n) == out["ref_words"] and int(e) / int(n) == pytest.approx(out["wer"])
