@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 
+import rnntrain
 from rnntrain.decode.align import align, ctc_log_prob, path_positions, viterbi_positions
 from rnntrain.decode.beam import Decoder
 from rnntrain.decode.calibrate import LabelSamples, ece, fit_temperature, nll
@@ -348,7 +349,7 @@ def test_image_spans_are_columns_of_the_image_file(tmp_path, capsys):
     from rnntrain.frontend.images import prepare_geometry
     from tests.test_infer_images import image_run
     run, ds, net, names = image_run(tmp_path / "d", "columns", 12)
-    m = __import__("rnntrain").load(run)
+    m = rnntrain.load(run)
     for name in names[:3]:
         path = tmp_path / "d" / name
         rec = json.loads(_main(capsys, "transcribe", run, path, "--json"))
@@ -402,7 +403,7 @@ def test_calibrate_command_stores_the_fit_that_an_independent_fit_finds(tiny, tm
         np.testing.assert_allclose(r["confidences"],
                                    align(lp, hyp, blank, cal["temperature"]).confidences,
                                    atol=2e-6)
-    m = __import__("rnntrain").load(tmp_path / "c.pt")
+    m = rnntrain.load(tmp_path / "c.pt")
     assert m.temperature == cal["temperature"]
     # an export carries it: the metadata an export writes reads back with it
     from rnntrain.infer.model import Meta
@@ -438,11 +439,11 @@ def test_training_ends_with_a_calibrated_best_checkpoint(synth_pair, tmp_path):
     assert cal["temperature"] > 0 and cal["labels"] > 0 and cal["data"] == str(val)
     assert cal["nll_after"] <= cal["nll_before"] + 1e-12
     assert "expected calibration error" in (run / "train.log").read_text()
-    assert __import__("rnntrain").load(run).temperature == cal["temperature"]
+    assert rnntrain.load(run).temperature == cal["temperature"]
     # --check: the stored temperature scored again on the set it was fitted on
-    from rnntrain.cli import main
     import contextlib
     import io
+    from rnntrain.cli import main
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         assert main(["calibrate", str(run), str(val), "--check", "--json"]) == 0
@@ -461,7 +462,6 @@ def test_page_xml_in_page_xml_out(tmp_path, capsys):
     page back with one TextEquiv per line (its text, @conf the mean label confidence),
     everything else kept."""
     import xml.etree.ElementTree as ET
-    import rnntrain
     from data_tools.pagexml import PageCache, crop_line, page_image, parse_page
     from tests.test_infer_images import image_run
     from tests.test_ocr_data import PAGE_NS, rotated_page
