@@ -2,7 +2,7 @@
 
 Measured on the reference model (3-layer BLSTM, 256 per direction, 40 inputs, 30 labels)
 with its Adam state: the size of a checkpoint, the time to write it (temp file, fsync,
-rename: ``checkpoint.save_training``), to load it, and to choose among three files for
+rename: ``checkpoint.save``), to load it, and to choose among three files for
 ``--resume auto``; the write time is set against the default interval
 (``checkpoint.every_minutes = 10``). Under MPI, SIGINT/SIGTERM are agreed over ranks
 through one more float in the step's gradient message; what a separate 4-byte allreduce
@@ -75,31 +75,35 @@ def _model_and_optimizer():
 
 def measure_files(reps: int) -> dict:
     from rnntrain.run import checkpoint as ckpt
+    from rnntrain.run.runfolder import RunFolder
+    from rnntrain.run.state import TrainState
     from rnntrain.config import to_dict
     cfg, model, opt = _model_and_optimizer()
     ds = _dataset()
-    state = {"epoch": 0, "pos": 5, "step": 5, "best_ler": 1.0, "since_best": 0}
-    run_dir = Path(tempfile.mkdtemp(prefix="rnntrain-bench-ckpt-"))
-    folder = run_dir / "checkpoints"
-    folder.mkdir()
+    state = TrainState(epoch=0, pos=5, step=5, best_ler=1.0)
+    card = ckpt.ModelCard.of_data(ds, to_dict(cfg))
+    run = RunFolder(Path(tempfile.mkdtemp(prefix="rnntrain-bench-ckpt-")))
+    run.make()
+    run_dir = run.root
     try:
         writes = []
         for i in range(reps):
-            state["step"] = i + 1
-            t0 = time.perf_counter()
-            ckpt.save_training(folder, f"step-{i + 1:08d}.pt", cfg, model, opt, state, ds,
-                               keep_last=3)
+            state.step = i + 1
+            t0 = time.perf_counter()  # what the training loop does: write, then prune
+            ckpt.save(run.step(i + 1), card, {"model": model, "optim": opt, "state": state})
+            run.prune(3)
             writes.append(time.perf_counter() - t0)
-        newest = ckpt.step_checkpoints(folder)[-1]
+        newest = run.step_checkpoints()[-1]
         loads = []
         for _ in range(reps):
             t0 = time.perf_counter()
-            ckpt.load(newest)
+            ckpt.read(newest)
             loads.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        ck = ckpt.load_for_resume("auto", run_dir, ds, model, opt, to_dict(cfg)["model"])
+        ck = ckpt.load_for_resume("auto", run, ds, {"model": model, "optim": opt},
+                                  to_dict(cfg)["model"])
         choose = time.perf_counter() - t0
-        assert ck["state"]["step"] == reps
+        assert ck.state().step == reps
         return {"params": sum(p.numel() for p in model.parameters()),
                 "mb": newest.stat().st_size / 2**20, "write_s": float(np.median(writes)),
                 "load_s": float(np.median(loads)), "auto_s": choose}

@@ -54,7 +54,8 @@ def utterances(n: int, seed: int = 0) -> tuple[list[np.ndarray], str]:
 
 
 def model_checkpoint(folder: Path, signals: list[np.ndarray]) -> tuple[Path, str]:
-    trained = ROOT / "runs" / "fsdd_digits" / "checkpoints" / "best.pt"
+    from rnntrain.run.runfolder import RunFolder
+    trained = RunFolder(ROOT / "runs" / "fsdd_digits").best
     if trained.is_file():
         return trained, f"trained by recipes/fsdd_digits.sh ({trained})"
     import torch

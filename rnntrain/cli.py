@@ -42,21 +42,18 @@ def _train(args):
 
 def _load_for_eval(checkpoint: str, data: str, device: str, need_targets: bool = True,
                    same_labels: bool = True):
-    """→ (cfg, ds, model, device). ``same_labels=False``: the checkpoint's alphabet may be
-    the data's in another order (an ensemble's further members, matched by name)."""
-    import torch
-    from rnntrain.run import checkpoint as ckpt
-    from rnntrain.config import config_from_dict
+    """The checkpoint's network (the one builder, ``checkpoint.load_model``) on ``device``
+    and the data to run it on, checked against its card → (config, Dataset, model, device).
+    ``same_labels=False``: the checkpoint's alphabet may be the data's in another order (an
+    ensemble's further members, matched by name)."""
+    from rnntrain.compute.device import pick_device
     from rnntrain.data.dataset import Dataset, check_fits
     from rnntrain.errors import DataError
-    from rnntrain.compute.model import build_model
-    from rnntrain.compute.device import pick_device
     from rnntrain.infer.model import resolve
-    ck = ckpt.load(resolve(checkpoint), need=ckpt.MODEL_KEYS)  # a run folder: its best
-    try:
-        cfg = config_from_dict(ck["config"])
-    except UserError as e:
-        raise UserError(f"{checkpoint}: its config does not fit this rnntrain ({e})") from None
+    from rnntrain.run import checkpoint as ckpt
+    model, ck = ckpt.load_model(resolve(checkpoint))  # a run folder: its best
+    card = ck.card
+    cfg = card.train_config(checkpoint)
     from rnntrain.compute import allocator
     # the run's memory policy for the forward passes too (before any worker thread starts):
     # the reference model's eval ran 20 % faster with "cache" (docs/threads.md)
@@ -66,24 +63,21 @@ def _load_for_eval(checkpoint: str, data: str, device: str, need_targets: bool =
         raise DataError(data, "missing variable: no targets to score against (rnntrain "
                               "decode or transcribe need none)", var="targetStrings")
     if ds.has_targets and same_labels:
-        check_fits(ds, ck["labels"], ck["input_size"], "the checkpoint's")
-    elif ds.input_size != ck["input_size"]:  # a file to decode without targets: no alphabet
+        check_fits(ds, card.labels, card.input_size, "the checkpoint's")
+    elif ds.input_size != card.input_size:  # a file to decode without targets: no alphabet
         raise DataError(data, f"inputPattSize {ds.input_size} differs from the checkpoint's "
-                              f"({ck['input_size']})")
-    height = ck.get("image_height", 0)
+                              f"({card.input_size})")
+    height = card.image_height
     if ds.is_2d:
         ds.set_pad_height(height or 1, f"checkpoint {checkpoint}")
     if (ds.column_height or ds.is_2d) and ds.frame_height != height:
         raise DataError(data, f"image height {ds.frame_height} differs from the "
                               f"checkpoint's ({height})")
+    if ds.frame_size != card.frame_size:
+        raise DataError(data, f"{ds.frame_size} values per frame, the checkpoint's model "
+                              f"takes {card.frame_size}")
     dev = pick_device(device)
-    model = build_model(cfg.model, ds.frame_size, len(ck["labels"]), max(height, 1))
-    try:
-        model.load_state_dict(ck["model"])
-    except (RuntimeError, ValueError, KeyError, TypeError) as e:
-        raise UserError(f"{checkpoint}: its weights do not fit its own [model] section "
-                        f"({(str(e).splitlines() or [type(e).__name__])[0][:200]})") from None
-    model.labels = list(ck["labels"])  # the checkpoint's names (a file to decode may have none)
+    model.labels = list(card.labels)  # the checkpoint's names (a file to decode may have none)
     model.to(dev)
     return cfg, ds, model, dev
 
@@ -319,7 +313,7 @@ def _cmd_calibrate(args) -> int:
         from rnntrain.infer.model import check_calibration
         from rnntrain.run import checkpoint as ckpt
         from rnntrain.run.calibrate import check, collect
-        stored = check_calibration(ckpt.load(path).get("calibration"), path)
+        stored = check_calibration(ckpt.read(path).card.calibration, path)
         if stored is None:
             raise UserError(f"{path}: not calibrated (run rnntrain calibrate MODEL VAL first)")
         res = check(collect(model, ds, keep, batch, dev, decoder, threads),

@@ -158,9 +158,8 @@ def resolve_resume(value: str | None, overrides: list[str]) -> tuple[str | None,
     folder: it becomes ``run.dir`` (an explicit, different run.dir is an error)."""
     if value is None or value in RESUME_WORDS or not Path(value).is_dir():
         return value, overrides
-    folder = Path(value)
-    if folder.name == "checkpoints":
-        folder = folder.parent
+    from rnntrain.run.runfolder import RunFolder
+    folder = RunFolder.of(value).root  # a run folder, or its checkpoints folder
     given = [o.split("=", 1)[1] for o in overrides if o.startswith("run.dir=")]
     if given and Path(given[-1].strip('"')).resolve() != folder.resolve():
         raise UserError(f"--resume {value} is a run folder, but run.dir={given[-1]} names "

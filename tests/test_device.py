@@ -298,7 +298,7 @@ def test_training_loop_same_weights_whatever_the_threads(synth_pair, tmp_path):
     """The loop with device-side figures and bucket rounding: two runs whose two worker
     threads race differently give bit-identical weights and metric lines."""
     import json
-    from rnntrain.run.checkpoint import load
+    from rnntrain.run.checkpoint import read
     from rnntrain.config import load_config
     from rnntrain.run.train import train
     runs = []
@@ -312,7 +312,7 @@ def test_training_loop_same_weights_whatever_the_threads(synth_pair, tmp_path):
                                  f"run.dir={json.dumps(str(d))}"])
         train(cfg)
         recs = [json.loads(x) for x in open(d / "metrics.jsonl")]
-        runs.append((load(d / "checkpoints" / "last.pt")["model"],
+        runs.append((read(d / "checkpoints" / "last.pt").parts["model"],
                      [(r["step"], r["loss"], r["ler"], r["seqs"]) for r in recs]))
     (w1, m1), (w2, m2) = runs
     assert m1 == m2 and len(m1) >= 2 and all(np.isfinite(r[1]) for r in m1)

@@ -164,7 +164,9 @@ def test_front_end_travels_from_the_converter_into_the_checkpoint(tmp_path, fmt)
     from data_tools.audio import ArraySource, Stats, convert
     from rnntrain.data.dataset import Dataset
     from rnntrain.frontend import ATTR, FrontEnd
-    from rnntrain.run.checkpoint import load, save_training
+    from rnntrain.config import to_dict
+    from rnntrain.run.checkpoint import ModelCard, read, save
+    from rnntrain.run.state import TrainState
     arrays = _arrays(tmp_path)
     convert(tmp_path / "list.tsv", tmp_path / "a.nc", ArraySource(), fmt=fmt, progress=False)
     stats = Stats.load(tmp_path / "a.nc.stats.json")
@@ -180,9 +182,9 @@ def test_front_end_travels_from_the_converter_into_the_checkpoint(tmp_path, fmt)
     cfg.model.layers, cfg.model.hidden = 1, 4
     net = build_model(cfg.model, 5, 3)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    save_training(tmp_path, "best.pt", cfg, net, opt, {"epoch": 0, "pos": 0, "step": 0},
-                  ds, keep_last=1)
-    assert load(tmp_path / "best.pt")["frontend"] == ds.frontend
+    save(tmp_path / "best.pt", ModelCard.of_data(ds, to_dict(cfg)),
+         {"model": net, "optim": opt, "state": TrainState()})
+    assert read(tmp_path / "best.pt").card.frontend == ds.frontend
     # a raw .npy given to the model is normalised exactly as the converter wrote it
     m = rnntrain.load(tmp_path / "best.pt")
     _, rows = read_file(tmp_path / "a.nc")

@@ -47,9 +47,11 @@ def write_line_images(folder, n=6, seed=4):
 
 def image_run(folder, layout: str, height: int, seed: int = 0, chars: bool = False):
     """Convert the images with the real converter, then write a checkpoint with the
-    training writer (``save_training``) for an untrained conv model with fixed weights."""
+    training writer (``checkpoint.save``) for an untrained conv model with fixed weights."""
     from data_tools.images import ImageSettings, convert_images
-    from rnntrain.run.checkpoint import save_training
+    from rnntrain.config import to_dict
+    from rnntrain.run.checkpoint import ModelCard, save
+    from rnntrain.run.state import TrainState
     folder.mkdir()
     lst, names = write_line_images(folder)
     convert_images(lst, folder / "img.nc", ImageSettings(height, "auto"), layout=layout,
@@ -60,9 +62,9 @@ def image_run(folder, layout: str, height: int, seed: int = 0, chars: bool = Fal
     net = build_model(cfg.model, ds.frame_size, ds.num_labels, ds.frame_height).eval()
     run = folder / "run"
     (run / "checkpoints").mkdir(parents=True)
-    save_training(run / "checkpoints", "best.pt", cfg, net,
-                  torch.optim.SGD(net.parameters(), lr=0.1),
-                  {"epoch": 1, "pos": 0, "step": 1}, ds, keep_last=1)
+    save(run / "checkpoints" / "best.pt", ModelCard.of_data(ds, to_dict(cfg)),
+         {"model": net, "optim": torch.optim.SGD(net.parameters(), lr=0.1),
+          "state": TrainState(epoch=1, step=1)})
     return run, ds, net, names
 
 

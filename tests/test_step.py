@@ -20,15 +20,15 @@ import torch
 from rnntrain.compute.device import LossScaler
 from rnntrain.compute.model import build_model
 from rnntrain.compute.optim import build_optimizer
-from rnntrain.config import Config
+from rnntrain.config import Config, to_dict
 from rnntrain.data.dataset import Dataset
 from rnntrain.data.plan import BatchPlanner, PlanSettings, make_plan
 from rnntrain.parallel.comm import LocalComm
 from rnntrain.run import checkpoint as ckpt
-from rnntrain.run.runlog import RunLog
+from rnntrain.run.runfolder import RunFolder
 from rnntrain.run.state import TrainState
 from rnntrain.run.step import EpochFeed, StepRunner
-from rnntrain.run.train import save_checkpoint
+from rnntrain.run.train import save_checkpoint, training_parts
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
@@ -156,23 +156,24 @@ def test_fp16_loss_scale_resume_is_exact(synth_pair, tmp_path):
     assert want_scale["scale"] > 2.0 ** 4  # the scale grew: the state matters
 
     model, opt, runner = _build(cfg, ds, total=n)
-    log = RunLog(tmp_path / "run")
+    run = RunFolder(tmp_path / "run")
+    run.make()
+    card = ckpt.ModelCard.of_data(ds, to_dict(cfg))
     try:
         state = runner.start(model, TrainState())
         _steps(runner, ds, keep, cfg, state, k)
-        save_checkpoint(log, cfg, model, opt, ds, runner, state, "step-00000003.pt")
+        save_checkpoint(run, card, training_parts(model, opt), cfg, runner, state,
+                        "step-00000003.pt")
     finally:
         runner.close()
-        log.close()
 
-    ck = ckpt.load(tmp_path / "run" / "checkpoints" / "step-00000003.pt")
-    assert ck["state"]["loss_scale"] is not None and ck["state"]["step"] == k
+    ck = ckpt.read(run.step(3), training=True)
+    assert ck.state().loss_scale is not None and ck.state().step == k
     model, opt, runner = _build(cfg, ds, total=n)  # a fresh process: the initial scale
     try:
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optim"])
-        state = runner.start(model, TrainState.from_dict(ck["state"]))
-        assert runner.loss_scale_state() == ck["state"]["loss_scale"]
+        ck.restore(training_parts(model, opt))
+        state = runner.start(model, ck.state())
+        assert runner.loss_scale_state() == ck.state().loss_scale
         _steps(runner, ds, keep, cfg, state, n - k)
         got_scale = runner.loss_scale_state()
     finally:

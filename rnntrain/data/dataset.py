@@ -242,8 +242,29 @@ def check_fits(ds: Dataset, labels: list[str], input_size: int, what: str):
         raise DataError(ds.source, f"inputPattSize {ds.input_size} differs from {what} "
                                    f"({input_size})")
     if list(ds.labels) != list(labels):
-        raise DataError(ds.source, f"alphabet differs from {what} ({list(ds.labels)[:10]} vs "
-                                   f"{list(labels)[:10]})", var="labels")
+        diff = alphabet_difference(ds.labels, labels, "in this file", f"in {what}")
+        raise DataError(ds.source, f"alphabet differs from {what} ({diff})", var="labels")
+
+
+def alphabet_difference(have, want, here: str = "here", there: str = "there") -> str:
+    """How alphabet ``have`` differs from ``want``, for a message: the labels only in one
+    of them (a few named, with their counts), or the first position where the same labels
+    stand in another order."""
+    have, want = list(have), list(want)
+    only_here = [x for x in have if x not in set(want)]
+    only_there = [x for x in want if x not in set(have)]
+
+    def some(xs):
+        return f"{len(xs)} ({', '.join(map(repr, xs[:8]))}{', ...' if len(xs) > 8 else ''})"
+    parts = [f"only {where}: {some(xs)}"
+             for where, xs in ((here, only_here), (there, only_there)) if xs]
+    if parts:
+        return "; ".join(parts)
+    if len(have) != len(want):
+        return f"{len(have)} labels {here}, {len(want)} {there}, some repeated"
+    i = next(i for i, (a, b) in enumerate(zip(have, want)) if a != b)
+    return (f"the same {len(have)} labels in another order: label {i} is {have[i]!r} "
+            f"{here}, {want[i]!r} {there}")
 
 
 def check_compatible(a: Dataset, b: Dataset, what: str):

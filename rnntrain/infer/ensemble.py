@@ -67,7 +67,8 @@ def model_paths(spec) -> list[Path]:
 
 
 def _has_checkpoint(run: Path) -> bool:
-    return any((run / "checkpoints" / n).is_file() for n in ("best.pt", "last.pt"))
+    from rnntrain.run.runfolder import RunFolder
+    return RunFolder(run).model_checkpoint() is not None
 
 
 def check_combine(combine: str) -> str:

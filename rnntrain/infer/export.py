@@ -58,10 +58,10 @@ def training_frames(model, count: int = 8) -> tuple[list[np.ndarray], str]:
     when none is available."""
     from rnntrain.data.dataset import Dataset
     from rnntrain.errors import UserError as _UE
-    from rnntrain.run.checkpoint import load
+    from rnntrain.run.checkpoint import read
     try:
-        data = load(model.path)["config"].get("data", {})
-    except (_UE, KeyError, TypeError):
+        data = read(model.path).card.config.get("data", {})
+    except (_UE, AttributeError):
         return [], ""
     for key in ("val", "test", "train"):
         path = data.get(key) or ""

@@ -34,14 +34,16 @@ EXPORT_FORMAT = 1
 
 def resolve(path) -> Path:
     """A run folder → its best checkpoint (else last.pt); a file → itself."""
+    from rnntrain.run.runfolder import RunFolder
     p = Path(path)
     if p.is_dir():
-        for cand in (p / "checkpoints" / "best.pt", p / "checkpoints" / "last.pt",
-                     p / "best.pt", p / "last.pt"):
-            if cand.is_file():
-                return cand
-        raise UserError(f"{p}: a folder without checkpoints/best.pt (not a run folder, or a "
-                        f"run that has not finished an epoch)")
+        run = RunFolder.of(p)  # a run folder or its checkpoints folder
+        found = run.model_checkpoint() or next(
+            (c for c in (p / "best.pt", p / "last.pt") if c.is_file()), None)
+        if found is None:
+            raise UserError(f"{p}: a folder without {run.best.relative_to(run.root)} (not a "
+                            f"run folder, or a run that has not finished an epoch)")
+        return found
     if not p.exists():
         raise UserError(f"{p}: model not found (a checkpoint, a run folder or an exported "
                         f"model)")
@@ -219,49 +221,15 @@ def open_model(path, device: str = "cpu", threads: int = 0):
 
 
 def load_checkpoint(path: Path):
-    """→ (CTCModel in eval mode on the CPU, Meta)."""
-    from rnntrain.compute.model import build_model
-    from rnntrain.config import config_from_dict
-    from rnntrain.run import checkpoint as ckpt
-    ck = ckpt.load(path)
-    cfg = config_from_dict(ck["config"])
-    height = int(ck.get("image_height", 0) or 0)
-    size = frame_size(ck)
-    net = build_model(cfg.model, size, len(ck["labels"]), height=height or 1)
-    try:
-        net.load_state_dict(ck["model"])
-    except (RuntimeError, KeyError) as e:
-        raise UserError(f"{path}: weights do not fit the model section of its config "
-                        f"({str(e).splitlines()[0][:200]})") from None
-    fe = ck.get("frontend")
+    """→ (CTCModel in eval mode on the CPU, Meta), through the one checkpoint → model
+    builder (``run.checkpoint.load_model``)."""
     from rnntrain.compute.model import total_subsample
-    meta = Meta(list(ck["labels"]), size, total_subsample(cfg.model),
-                FrontEnd.from_dict(fe, str(path)) if fe else None,
-                dict(ck["config"]["model"]), str(path),
-                ImageFrontEnd.from_checkpoint(ck, str(path)),
-                check_calibration(ck.get("calibration"), path))
-    return net.eval(), meta
-
-
-def frame_size(ck: dict) -> int:
-    """Values per model input frame (``Dataset.frame_size`` at training): inputPattSize,
-    times the image height for 2-D files (each frame a column of padded pixels).
-
-    Checkpoints record it; older ones are read by the converter's layout record, else
-    by their shape (a 1-D file of image columns has inputPattSize = height × channels)."""
-    if ck.get("frame_size"):
-        return int(ck["frame_size"])
-    size, height = int(ck["input_size"]), int(ck.get("image_height", 0) or 0)
-    if height <= 1:
-        return size
-    layout = ""
-    if ck.get("image_frontend"):
-        try:
-            layout = str(json.loads(ck["image_frontend"]).get("layout", ""))
-        except (ValueError, AttributeError):
-            pass
-    if layout == "columns" or (not layout and size % height == 0):
-        return size
-    return size * height
-
-
+    from rnntrain.run import checkpoint as ckpt
+    net, ck = ckpt.load_model(path)
+    card = ck.card
+    meta = Meta(list(card.labels), card.frame_size, total_subsample(card.model_config(path)),
+                FrontEnd.from_dict(card.frontend, str(path)) if card.frontend else None,
+                dict(card.config.get("model", {})), str(path),
+                ImageFrontEnd.from_checkpoint(card.state_dict(), str(path)),
+                check_calibration(card.calibration, path))
+    return net, meta

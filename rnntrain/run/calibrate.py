@@ -78,6 +78,6 @@ def store(path, calibration: Calibration, out=None):
     """Write ``calibration`` into the checkpoint ``path`` (its ``calibration`` entry; the
     rest unchanged), atomically, or into a copy at ``out``."""
     from rnntrain.run import checkpoint as ckpt
-    ck = ckpt.load(path)
-    ck["calibration"] = calibration.to_dict()
-    ckpt.save_atomic(ck, out if out is not None else path)
+    ck = ckpt.read(path)
+    ck.card.calibration = calibration.to_dict()  # a field of the model card
+    ck.save(out if out is not None else path)

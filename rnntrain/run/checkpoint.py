@@ -1,25 +1,217 @@
-"""Checkpoints: written atomically, loaded without running code.
+"""Checkpoints: the typed record, written atomically, loaded without running code.
 
-A checkpoint is a dict of tensors and plain values saved with ``torch.save`` and loaded
-with ``torch.load(weights_only=True)``: a file from a stranger cannot execute code.
-Writing goes through ``fsutil.atomic_write`` (temporary file in the same folder, fsync, rename over the
-target, fsync of the folder), so a crash leaves either the old or the new file, never half a file.
+A checkpoint file is one flat dict saved with ``torch.save`` and loaded with
+``torch.load(weights_only=True)`` (a file from a stranger cannot execute code)::
+
+    {"format": 1,
+     <ModelCard fields>  labels, input_size, frame_size, image_height, image_frontend,
+                         frontend, config         -- everything inference needs
+     <training parts>    model, optim, state, ...  -- each a ``state_dict()``}
+
+- ``ModelCard``: what a model IS (its alphabet, its input side, its [model] config). It
+  builds the network (``ModelCard.build``; ``load_model`` adds the weights): the one
+  checkpoint → model builder that eval, decode, transcribe, export, the Python API and
+  fine-tuning use.
+- The training parts follow torchtitan's ``Stateful`` pattern: every part is an object
+  with ``state_dict()``/``load_state_dict()`` (the network, the optimizer, the
+  ``TrainState`` which holds the plan position, the weight average), saved under its name
+  (``save``) and restored by name (``Checkpoint.restore``).
+
+Adding a field: a field on ``ModelCard`` (with its default for older files), or one more
+named part in the training loop's parts (``train.training_parts``). Older files load: a
+missing card field takes its default (``frame_size`` is derived as older versions did),
+a missing optional part keeps the state it was built with.
+
+Writing goes through ``fsutil.atomic_write`` (temporary file in the same folder, fsync,
+rename over the target, fsync of the folder), so a crash leaves either the old or the new
+file, never half a file.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Mapping, Protocol
 
 import torch
 
 from rnntrain.data.dataset import check_fits
 from rnntrain.errors import UserError, check_regular_file
-from rnntrain.fsutil import atomic_write, stale_temps
+from rnntrain.fsutil import atomic_write
+from rnntrain.run.runfolder import RunFolder, step_number
 
 FORMAT_VERSION = 1
 _PAUSE = bool(os.environ.get("RNNTRAIN_TEST_PAUSE"))  # see faults.pause_point
+TRAINING_PARTS = ("model", "optim", "state")   # what every resumable checkpoint holds
+
+
+class Stateful(Protocol):
+    """A part of the training saved in a checkpoint (torchtitan's pattern): nn.Module,
+    torch.optim.Optimizer, TrainState and the weight averages all have these two."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict): ...
+
+
+@dataclass
+class ModelCard:
+    """What a trained model is: everything inference needs besides the weights."""
+    labels: list[str]            # the output classes 0..C-2 (the CTC blank is C-1, the last)
+    input_size: int              # inputPattSize of the data files it was trained on
+    frame_size: int              # values per model input frame (2-D: height x inputPattSize)
+    image_height: int = 0        # pixels per column of image data (2-D or columns); 0: none
+    image_frontend: str = ""     # the image converter's settings (JSON), for inference
+    frontend: dict | None = None  # the audio converters' front end (FrontEnd.to_dict())
+    config: dict = field(default_factory=dict)  # the run's resolved config (to_dict(cfg))
+    # the confidences' temperature fitted on labelled data (decode.calibrate.Calibration's
+    # to_dict: the end of training, rnntrain calibrate); None: uncalibrated (T = 1)
+    calibration: dict | None = None
+
+    @classmethod
+    def of_data(cls, ds, config: dict) -> "ModelCard":
+        """The card of a model trained on Dataset ``ds`` under ``config`` (a to_dict)."""
+        return cls(list(ds.labels), ds.input_size, ds.frame_size,
+                   ds.frame_height if ds.is_2d or ds.column_height else 0,
+                   getattr(ds, "image_frontend", ""), getattr(ds, "frontend", None),
+                   config)
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_record(cls, ck: dict, where) -> "ModelCard":
+        """From a checkpoint dict (any version this rnntrain reads); UserError naming
+        ``where`` for a missing or mistyped entry."""
+        types = {"labels": list, "input_size": int, "frame_size": int, "image_height": int,
+                 "image_frontend": str, "frontend": (dict, type(None)), "config": dict}
+        for name in ("labels", "input_size", "config"):
+            if name not in ck:
+                raise UserError(f"{where}: not a complete rnntrain checkpoint (no {name})")
+        got = {}
+        for f in fields(cls):
+            if f.name in ck and f.name != "frame_size" or ck.get(f.name):
+                v = ck[f.name]
+                if not isinstance(v, types[f.name]) or isinstance(v, bool):
+                    raise UserError(f"{where}: not a complete rnntrain checkpoint (an entry "
+                                    f"has the wrong type: {f.name})")
+                got[f.name] = v
+        if not all(isinstance(x, str) for x in got["labels"]) or \
+                not isinstance(got["config"].get("model", {}), dict):
+            raise UserError(f"{where}: not a complete rnntrain checkpoint (an entry has the "
+                            "wrong type: labels or config)")
+        got.setdefault("frame_size", legacy_frame_size(got))
+        return cls(**got)
+
+    # ---- what the model takes and gives
+    @property
+    def blank(self) -> int:
+        return len(self.labels)
+
+    def model_config(self, where=""):
+        """The [model] section as a config object (the network's shape)."""
+        return self.train_config(where).model
+
+    def train_config(self, where=""):
+        from rnntrain.config import config_from_dict
+        try:
+            return config_from_dict(self.config)
+        except UserError as e:
+            raise UserError(f"{where}: its config does not fit this rnntrain ({e})") from None
+
+    def build(self, where=""):
+        """The untrained network of this card (``compute.model.CTCModel``)."""
+        from rnntrain.compute.model import build_model
+        return build_model(self.model_config(where), self.frame_size, len(self.labels),
+                           max(self.image_height, 1))
+
+    def input_side(self) -> dict:
+        """What data must match to be fed to this model (fine-tuning checks it)."""
+        return {"inputPattSize": self.input_size, "frame size": self.frame_size,
+                "image height": self.image_height,
+                "front end": self.config.get("model", {}).get("frontend", "none")}
+
+    def check_input(self, ds, where, data_model: dict | None = None):
+        """``ds`` (2-D images already padded to this card's height) must feed this model:
+        same inputPattSize, image height and frame size, and (``data_model``: the [model]
+        section it will train under) the same front end. One line naming both sides."""
+        other = {"inputPattSize": ds.input_size, "frame size": ds.frame_size,
+                 "image height": ds.frame_height if ds.is_2d or ds.column_height else 0,
+                 "front end": (data_model or {}).get("frontend",
+                                                     self.input_side()["front end"])}
+        for key, have in self.input_side().items():
+            if other[key] != have:
+                raise UserError(f"{where}: {key} {have} differs from {ds.source} "
+                                f"({other[key]}): a model takes only input like its own")
+
+    def check_labels(self, ds, where):
+        """``ds`` must have this card's alphabet; the difference is named otherwise."""
+        check_fits(ds, self.labels, self.input_size, f"checkpoint {where}")
+
+
+def legacy_frame_size(card: dict) -> int:
+    """Values per model input frame for checkpoints that do not record it: inputPattSize,
+    times the image height for 2-D files (each frame a column of padded pixels). Read by
+    the converter's layout record, else by the shape (a 1-D file of image columns has
+    inputPattSize = height x channels)."""
+    size, height = int(card["input_size"]), int(card.get("image_height", 0) or 0)
+    if height <= 1:
+        return size
+    layout = ""
+    if card.get("image_frontend"):
+        try:
+            layout = str(json.loads(card["image_frontend"]).get("layout", ""))
+        except (ValueError, AttributeError):
+            pass
+    if layout == "columns" or (not layout and size % height == 0):
+        return size
+    return size * height
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint as read: its card and the state dicts of its parts, by name."""
+    path: Path
+    card: ModelCard
+    parts: dict   # {"model": weights, "optim": ..., "state": ..., ...} as saved
+
+    @property
+    def trainable(self) -> bool:
+        """Does it hold what a resume needs (optimizer and training position)?"""
+        return all(k in self.parts for k in TRAINING_PARTS)
+
+    def state(self):
+        """The training position and scores (``TrainState``)."""
+        from rnntrain.run.state import TrainState
+        return TrainState.from_dict(self.parts["state"])
+
+    def restore(self, parts: Mapping[str, Stateful], optional: tuple[str, ...] = ()):
+        """Load each of ``parts`` from the entry of its name (a part named in
+        ``optional`` that this file lacks keeps its state); UserError naming the file when
+        a part does not fit."""
+        for name, part in parts.items():
+            if name not in self.parts:
+                if name in optional:
+                    continue
+                raise UserError(f"{self.path}: not a complete rnntrain checkpoint (no {name})")
+            try:
+                part.load_state_dict(self.parts[name])
+            except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
+                raise UserError(f"{self.path}: {name} does not fit this model "
+                                f"({(str(e).splitlines() or [type(e).__name__])[0][:200]})"
+                                ) from None
+
+
+def save(path: Path, card: ModelCard, parts: Mapping[str, Stateful]):
+    """Write the card and every part's ``state_dict()`` to ``path`` (atomically)."""
+    rec = {"format": FORMAT_VERSION, **card.state_dict()}
+    for name, part in parts.items():
+        assert name not in rec, name
+        rec[name] = part.state_dict()
+    save_atomic(rec, path)
 
 
 def save_atomic(obj: dict, path: Path):
@@ -29,7 +221,8 @@ def save_atomic(obj: dict, path: Path):
 
     def pause():  # tests kill the process here: the temp file is complete, not renamed
         from rnntrain.run.faults import pause_point
-        pause_point("ckpt", int(m.group(1)) if (m := _STEP.search(path.name)) else -1)
+        n = step_number(path)
+        pause_point("ckpt", -1 if n is None else n)
 
     try:
         atomic_write(path, lambda fh: torch.save(obj, fh), pause if _PAUSE else None)
@@ -46,13 +239,9 @@ def save_atomic(obj: dict, path: Path):
                         f"checkpoints in {path.parent} are intact") from None
 
 
-MODEL_KEYS = ("model", "config", "labels", "input_size")     # what eval/decode need
-TRAIN_KEYS = MODEL_KEYS + ("optim", "state")                # what a resume needs
-
-
-def load(path, need: tuple[str, ...] = ()) -> dict:
-    """Load and check a checkpoint; a clear UserError if it is not one of ours or lacks
-    one of the entries ``need`` names."""
+def read(path, training: bool = False) -> Checkpoint:
+    """Load and check a checkpoint; a clear UserError if it is not one of ours, or
+    (``training``) lacks what a resume needs."""
     path = Path(path)
     check_regular_file(path, "checkpoint")
     try:
@@ -64,20 +253,36 @@ def load(path, need: tuple[str, ...] = ()) -> dict:
     if ck["format"] != FORMAT_VERSION:
         raise UserError(f"{path}: checkpoint format {ck['format']}, this rnntrain reads "
                         f"format {FORMAT_VERSION}")
-    missing = [k for k in need if k not in ck]
-    if missing:
-        raise UserError(f"{path}: not a complete rnntrain checkpoint (no "
-                        f"{', '.join(missing)})")
-    if "state" in need and not (isinstance(ck["state"], dict) and all(
-            isinstance(ck["state"].get(k), int) for k in ("epoch", "pos", "step"))):
-        raise UserError(f"{path}: checkpoint lacks the training position (epoch, pos, step)")
-    if "input_size" in need and not isinstance(ck["input_size"], int) \
-            or "labels" in need and not isinstance(ck["labels"], list) \
-            or "config" in need and not isinstance(ck["config"], dict) \
-            or "model" in need and not isinstance(ck["model"], dict):
-        raise UserError(f"{path}: not a complete rnntrain checkpoint (an entry has the "
-                        "wrong type)")
-    return ck
+    if not isinstance(ck.get("model"), dict):
+        raise UserError(f"{path}: not a complete rnntrain checkpoint (no model)")
+    card = ModelCard.from_record(ck, path)
+    card_keys = {f.name for f in fields(ModelCard)} | {"format"}
+    rec = Checkpoint(path, card, {k: v for k, v in ck.items() if k not in card_keys})
+    if training:
+        missing = [k for k in TRAINING_PARTS if k not in rec.parts]
+        if missing:
+            raise UserError(f"{path}: not a complete rnntrain checkpoint (no "
+                            f"{', '.join(missing)})")
+        if not (isinstance(rec.parts["state"], dict) and all(
+                isinstance(rec.parts["state"].get(k), int) for k in ("epoch", "pos", "step"))):
+            raise UserError(f"{path}: checkpoint lacks the training position (epoch, pos, "
+                            "step)")
+    return rec
+
+
+def load_model(path, weights: str = "model"):
+    """THE checkpoint → network builder: → (CTCModel in eval mode on the CPU, Checkpoint).
+    ``weights``: the part to load ("model"; "average" for a run's weight average)."""
+    ck = read(path)
+    net = ck.card.build(path)
+    if weights not in ck.parts:
+        raise UserError(f"{path}: holds no {weights} weights")
+    try:
+        net.load_state_dict(ck.parts[weights])
+    except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
+        raise UserError(f"{path}: its weights do not fit its own [model] section "
+                        f"({(str(e).splitlines() or [type(e).__name__])[0][:200]})") from None
+    return net.eval(), ck
 
 
 def load_error(e: Exception) -> str:
@@ -95,100 +300,53 @@ def load_error(e: Exception) -> str:
     return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
-_STEP = re.compile(r"step-(\d+)\.pt$")
+# ---- resuming: what a resumed run needs to repeat the uninterrupted one
 
-
-def step_checkpoints(folder: Path) -> list[Path]:
-    """``step-*.pt`` files, oldest first."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP.search(p.name))]
-    return [p for _, p in sorted(found)]
-
-
-def prune(folder: Path, keep_last: int):
-    """Remove all but the newest ``keep_last`` step checkpoints (after a new one is complete)."""
-    for p in step_checkpoints(folder)[:-keep_last]:
-        p.unlink(missing_ok=True)
-
-
-# ---- training checkpoints: what a resumed run needs to repeat the uninterrupted one
-
-def save_training(folder: Path | None, name: str, cfg, model, opt, state: dict, ds,
-                  keep_last: int):
-    """Write ``folder/name`` (rank 0 only: other ranks pass folder=None) and prune.
-
-    Step checkpoints beyond ``keep_last`` are removed only after the new one is complete.
-    """
-    if folder is None:
-        return
-    from rnntrain.config import to_dict
-    save_atomic({"format": FORMAT_VERSION, "model": model.state_dict(),
-                 "optim": opt.state_dict(), "state": dict(state), "config": to_dict(cfg),
-                 "labels": list(ds.labels), "input_size": ds.input_size,
-                 "image_height": ds.frame_height if ds.is_2d or ds.column_height else 0,
-                 "frame_size": ds.frame_size,  # the model's input (2-D: pixels per column)
-                 # the image converter's settings (rnntrain-data images), for inference
-                 "image_frontend": getattr(ds, "image_frontend", ""),
-                 # raw input → frames, when the audio converters recorded it
-                 "frontend": getattr(ds, "frontend", None)},
-                Path(folder) / name)
-    if name.startswith("step-"):
-        prune(folder, keep_last)
-
-
-def _position(ck: dict) -> tuple:
-    s = ck["state"]
-    return (s["epoch"], s["pos"], s["step"])
-
-
-def resume_candidates(folder: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
+def resume_candidates(run: RunFolder) -> tuple[list[Path], list[tuple[Path, str]]]:
     """``--resume auto``: (usable files, newest training position first; [(unreadable
     file, why)]) among the step checkpoints and last.pt.
 
     Ordered by the position stored in each file, not by mtime or name: last.pt written at
     an epoch end is newer than the step checkpoint of the same step.
     """
-    folder = Path(folder)
-    found = [p for p in step_checkpoints(folder) + [folder / "last.pt"] if p.exists()]
     good, broken = [], []
-    for p in found:
+    for p in run.training_checkpoints():
         try:
-            good.append((tuple(-v for v in _position(load(p, TRAIN_KEYS))), p))
+            good.append((tuple(-v for v in read(p, training=True).state().position()), p))
         except UserError as e:
             broken.append((p, str(e)))
-        except (KeyError, TypeError):
-            broken.append((p, f"{p}: checkpoint lacks the training position"))
     return [p for _, p in sorted(good)], broken
 
 
-def check_matches(ck: dict, path, ds, model_cfg: dict):
-    """The checkpoint must fit the data (inputPattSize, alphabet) and the model config."""
-    check_fits(ds, ck.get("labels") or [], ck.get("input_size"), f"checkpoint {path}")
+def check_matches(ck: Checkpoint, ds, model_cfg: dict):
+    """The checkpoint must fit the data (inputPattSize, alphabet, image height) and the
+    model config."""
+    path, card = ck.path, ck.card
+    card.check_labels(ds, path)
     have = ds.frame_height if ds.is_2d or ds.column_height else 0
-    if ck.get("image_height", 0) != have:
-        raise UserError(f"{path}: checkpoint's image height {ck.get('image_height', 0)} "
+    if card.image_height != have:
+        raise UserError(f"{path}: checkpoint's image height {card.image_height} "
                         f"differs from {ds.source} ({have})")
-    if ck.get("config", {}).get("model") != model_cfg:
-        diff = {k: (ck.get("config", {}).get("model", {}).get(k), v)
-                for k, v in model_cfg.items()
-                if ck.get("config", {}).get("model", {}).get(k) != v}
+    saved = card.config.get("model", {})
+    if saved != model_cfg:
+        diff = {k: (saved.get(k), v) for k, v in model_cfg.items() if saved.get(k) != v}
         raise UserError(f"{path}: model section differs from the config "
                         f"(checkpoint vs config: {diff})")
 
 
-def load_for_resume(resume: str, run_dir: Path, ds, model, opt, model_cfg: dict,
-                    warn=print) -> dict:
-    """Load ``resume`` (a path, or "auto": newest usable in run_dir/checkpoints) into the
-    model and optimizer; returns the checkpoint dict (with "path").
+def load_for_resume(resume: str, run: RunFolder, ds, parts: Mapping[str, Stateful],
+                    model_cfg: dict, optional: tuple[str, ...] = (),
+                    warn=print) -> Checkpoint:
+    """Load ``resume`` (a path, or "auto": the newest usable one in the run folder) into
+    ``parts`` (by name: model, optim, ...; the training state is the caller's); returns
+    the Checkpoint.
 
     A checkpoint that fails to load (truncated, other format version, other model shape)
     is reported with ``warn`` and, for "auto", the next older one is tried.
     """
-    folder = Path(run_dir) / "checkpoints"
+    folder = run.checkpoints
     if resume == "auto":  # (stale temp files were removed under the run lock)
-        cands, broken = resume_candidates(folder)
+        cands, broken = resume_candidates(run)
         if not cands and not broken:
             raise UserError(f"--resume auto: no checkpoint in {folder} (the default run.dir "
                             f"depends on the config and overrides: pass run.dir=FOLDER of the "
@@ -204,16 +362,9 @@ def load_for_resume(resume: str, run_dir: Path, ds, model, opt, model_cfg: dict,
     errors = []
     for i, path in enumerate(cands):
         try:
-            ck = load(path, TRAIN_KEYS)
-            check_matches(ck, path, ds, model_cfg)
-            try:
-                model.load_state_dict(ck["model"])
-                opt.load_state_dict(ck["optim"])
-            except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
-                raise UserError(f"{path}: does not fit this model "
-                                f"({(str(e).splitlines() or [type(e).__name__])[0][:200]})"
-                                ) from None
-            ck["path"] = str(path)
+            ck = read(path, training=True)
+            check_matches(ck, ds, model_cfg)
+            ck.restore(parts, optional)
             return ck
         except UserError as e:
             errors.append(str(e))
@@ -224,30 +375,3 @@ def load_for_resume(resume: str, run_dir: Path, ds, model, opt, model_cfg: dict,
                 raise
             warn(f"warning: {e}; falling back to {cands[i + 1]}")
     raise AssertionError("unreachable")
-
-
-def existing_run(run_dir: Path) -> str | None:
-    """Why a fresh run must not start in ``run_dir`` (it holds a run's checkpoints, which
-    the new run would overwrite and prune), or None."""
-    folder = Path(run_dir) / "checkpoints"
-    found = step_checkpoints(folder) + [p for p in (folder / "last.pt", folder / "best.pt")
-                                        if p.exists()]
-    if not found:
-        return None
-    return (f"run folder {run_dir} already holds checkpoints of a run ({found[-1].name}, "
-            f"...); continue it with --resume, or choose another run.dir")
-
-
-def remove_stale_temps(folder: Path, names: tuple[str, ...] = ("*.pt",)):
-    """Temp files (``.NAME.tmpPID``, NAME matching ``names``) of writes interrupted by a
-    crash: never valid checkpoints or logs.
-
-    Only call this holding the run lock (``runlog.claim_run_folder``): a live run's temp
-    file is the checkpoint it is writing right now.
-    """
-    folder = Path(folder)
-    if folder.is_dir():
-        for name in names:
-            for p in stale_temps(folder, name):
-                if p.is_file():
-                    p.unlink(missing_ok=True)

@@ -41,7 +41,8 @@ from rnntrain import trace
 from rnntrain.run.evaluate import evaluate
 from rnntrain.run.faults import StopFlag, pause_point, resume_hint
 from rnntrain.run.metrics import MetricsWindow
-from rnntrain.run.runlog import RunLog, claim_run_folder, default_run_dir
+from rnntrain.run.runfolder import RunFolder
+from rnntrain.run.runlog import RunLog
 from rnntrain.run.state import TrainState
 from rnntrain.run.step import EpochFeed, StepRunner
 
@@ -110,22 +111,24 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
     # [augment]: checked against the data now, before the run folder is claimed
     augment = Augmenter.for_training(cfg, train_ds, total_subsample(cfg.model))
     resolved = to_toml(cfg)
-    run_dir = Path(cfg.run.dir) if cfg.run.dir else default_run_dir(
+    run = RunFolder(cfg.run.dir) if cfg.run.dir else RunFolder.default(
         cfg.run.name or config_path, list(overrides), resolved)
+    run_dir = run.root
+    writer = rank == 0  # the one rank that writes the run folder (logs, checkpoints)
     # never two live runs in one folder (the lock); never overwrite (and prune) another
     # run's checkpoints
-    lock, why = claim_run_folder(comm, run_dir)
+    lock, why = run.claim(comm)
     locks += [lock] if lock else []
     if resume == "if-any":  # a requeued batch job: continue if there is something to continue
         resume = "auto" if why else None
     if not resume and why:
         raise SharedError(why)  # every rank got the verdict
-    log = RunLog(run_dir if rank == 0 else None, cfg.log)
+    log = RunLog(run if writer else None, cfg.log)
     state = TrainState(world=comm.size)
-    if rank == 0:  # an MPI abort ends this process without the finally below
+    if writer:  # an MPI abort ends this process without the finally below
         dist.on_abort(lambda msg: log.set_status("failed", epoch=state.epoch,
                                                  step=state.step, error=msg))
-    log.write_text("config.toml", resolved)
+    log.write_text(run.config.name, resolved)
     if comm.size > 1:
         log.info(collectives.rank_roster(comm))
     log_skipped(log, cfg, train_ds, keep, val_ds, val_keep)
@@ -142,6 +145,7 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
         init_uniform(model, 0.1)
     model.to(device).train()
     opt = build_optimizer(cfg.optim, model.parameters(), fused=device.type == "cuda")
+    card = ckpt.ModelCard.of_data(train_ds, to_dict(cfg))  # what every checkpoint says it is
     planner = BatchPlanner(train_ds, keep, PlanSettings.from_config(cfg), rank, comm.size)
     steps_per_epoch = planner.steps_per_epoch
     collectives.agree(comm, steps_per_epoch, "steps per epoch")
@@ -152,10 +156,11 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
                         steps_per_epoch * tc.epochs, augment=augment)
     try:
         if resume:  # rank 0 reads it; the other ranks receive the state in runner.start
-            ck = resume_checkpoint(comm, resume, run_dir, train_ds, model, opt, cfg)
+            ck = resume_checkpoint(comm, resume, run, train_ds,
+                                   training_parts(model, opt), cfg)
             if ck is not None:
-                state.load_state_dict(ck["state"])
-                log.info(f"resumed from {ck['path']} at epoch {state.epoch + 1} "
+                state.load_state_dict(ck.parts["state"])
+                log.info(f"resumed from {ck.path} at epoch {state.epoch + 1} "
                          f"step {state.step}")
         rerank_note = state.on_ranks(comm.size)
         state = runner.start(model, state)  # rank 0's weights/optimizer/state, checksummed
@@ -173,7 +178,8 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
                  f" steps/epoch, {comm.size} rank(s) x {workers} worker(s) x "
                  f"{tc.intra_threads} thread(s) on {device}, run folder {run_dir}")
         every, last_ckpt = host_every(device, tc.log_every), time.monotonic()
-        save = partial(save_checkpoint, log, cfg, model, opt, train_ds, runner)
+        save = partial(save_checkpoint, run if writer else None, card,
+                       training_parts(model, opt), cfg, runner)
         log.set_status("running", resumed=bool(resume))
         for epoch in range(state.epoch, tc.epochs):
             # an epoch interrupted on another rank count goes on over the sequences left
@@ -214,7 +220,7 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
             bar.close()
             feed.close()
             state.end_epoch()
-            if log.folder:
+            if writer:
                 log.info(f"epoch {epoch + 1}: data wait {feed.reader.wait_s:.2f} s, "
                          f"loads {feed.reader.load_s:.2f} s")
             improved = True  # ---- validation, best and last checkpoints, early stopping
@@ -234,12 +240,13 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
                 break
         test = None
         if cfg.data.test:  # the held-out score of the best checkpoint, once, at the end
-            test = test_best(log, model, train_ds, cfg, device, comm, workers, state)
+            test = test_best(log, run if writer else None, model, train_ds, cfg, device,
+                             comm, workers, state)
         if val_ds is not None:  # the confidences' temperature, on the validation set
-            calibrate_best(log, model, val_ds, val_keep, cfg, device, comm, workers)
-        if log.folder:
-            log.info(final_summary(log.folder, log.checkpoints, state, test,
-                                   time.monotonic() - t_start))
+            calibrate_best(log, run if writer else None, model, val_ds, val_keep, cfg,
+                           device, comm, workers)
+        if writer:
+            log.info(final_summary(run, state, test, time.monotonic() - t_start))
         return run_dir
     finally:  # on an error too: the bar must not redraw after the error message
         for obj in (bar, feed):
@@ -327,13 +334,13 @@ def validate(log: RunLog, model, val_ds, val_keep, cfg: Config, device, comm: Co
     return summ
 
 
-def test_best(log: RunLog, model, train_ds, cfg: Config, device, comm: Comm, workers: int,
-              state: TrainState):
+def test_best(log: RunLog, run: RunFolder | None, model, train_ds, cfg: Config, device, comm: Comm,
+              workers: int, state: TrainState):
     """Score data.test with the best checkpoint's weights (every rank), and log it."""
     tc = cfg.train
     test_ds = Dataset.open(cfg.data.test, cfg.data.chunk_frames)
     check_compatible(train_ds, test_ds, "training data")
-    load_best(log, model, comm)
+    load_best(run, model, comm)
     summ = evaluate(model, test_ds, test_ds.feasible(total_subsample(cfg.model)),
                     tc.batch_frames, device, comm, workers=workers,
                     intra=tc.intra_threads)["best"].summary()
@@ -344,15 +351,15 @@ def test_best(log: RunLog, model, train_ds, cfg: Config, device, comm: Comm, wor
     return summ
 
 
-def calibrate_best(log: RunLog, model, val_ds, val_keep, cfg: Config, device, comm: Comm,
-                   workers: int):
+def calibrate_best(log: RunLog, run: RunFolder | None, model, val_ds, val_keep, cfg: Config,
+                   device, comm: Comm, workers: int):
     """Fit the temperature of the best checkpoint's confidences on the validation set and
-    store it in best.pt (``rnntrain calibrate`` does the same for any checkpoint). Rank 0
-    alone scores the whole set; the weights are the best checkpoint's on every rank."""
+    store it in best.pt (``rnntrain calibrate`` does the same for any checkpoint). The
+    writing rank (``run``) alone scores the whole set; the weights are the best
+    checkpoint's on every rank."""
     from rnntrain.run.calibrate import calibrate, store
-    load_best(log, model, comm)
-    best = log.checkpoints / "best.pt" if log.checkpoints is not None else None
-    if best is None or not best.exists():
+    load_best(run, model, comm)
+    if run is None or not run.best.exists():
         return
     cal = calibrate(model, val_ds, val_keep, cfg.train.batch_frames, device, workers=workers,
                     data=str(cfg.data.val))
@@ -360,7 +367,7 @@ def calibrate_best(log: RunLog, model, val_ds, val_keep, cfg: Config, device, co
         log.info("calibration: the best checkpoint emits no label on the validation set; "
                  "confidences stay uncalibrated")
         return
-    store(best, cal)
+    store(run.best, cal)
     log.info(f"calibration (validation set, best checkpoint): {cal.describe()}")
 
 
@@ -384,44 +391,55 @@ def best_validation(metrics_path: Path) -> tuple[float, int] | None:
     return None if best is None else (best[0], best[2])
 
 
-def final_summary(folder: Path, checkpoints: Path, state: TrainState, test: dict | None,
+def final_summary(run: RunFolder, state: TrainState, test: dict | None,
                   seconds: float) -> str:
     """The line a training ends on: best validation LER, its epoch, where best.pt is,
     the test LER (with data.test) and the wall time of this process."""
     m, s = divmod(int(round(seconds)), 60)
     wall = f"{m} min {s} s" if m else f"{s} s"
-    best = best_validation(folder / "metrics.jsonl")
+    best = best_validation(run.metrics)
     head = (f"best validation LER {best[0]:.4f} at epoch {best[1]}" if best else
             "no validation set (best.pt is the last epoch's)")
     tail = f", test LER {test['ler']:.4f}" if test else ""
     return (f"finished {state.epoch} epoch(s), {state.step} steps: {head}{tail}; model "
-            f"{checkpoints / 'best.pt'}; wall time {wall}")
+            f"{run.best}; wall time {wall}")
 
 
-def load_best(log: RunLog, model, comm: Comm):
-    """Every rank: the weights of checkpoints/best.pt (read by rank 0, then broadcast)."""
-    if log.checkpoints is not None and (log.checkpoints / "best.pt").exists():
-        model.load_state_dict(ckpt.load(log.checkpoints / "best.pt")["model"])
+def load_best(run: RunFolder | None, model, comm: Comm):
+    """Every rank: the weights of checkpoints/best.pt (read by the writing rank, which
+    holds ``run``; then broadcast)."""
+    if run is not None and run.best.exists():
+        ckpt.read(run.best).restore({"model": model})
     collectives.broadcast_weights(comm, list(model.parameters()), "best-checkpoint broadcast")
 
 
-def save_checkpoint(log: RunLog, cfg, model, opt, ds, runner: StepRunner, state: TrainState,
-                    name: str):
-    """``checkpoints/name`` (rank 0 writes) with the training state, fp16 loss scale
-    included."""
+def training_parts(model, opt) -> dict:
+    """The parts of the training a checkpoint holds, by name (``checkpoint.Stateful``):
+    a resume restores each from its entry. The TrainState (the plan position and scores)
+    is passed at save time (``save_checkpoint``)."""
+    return {"model": model, "optim": opt}
+
+
+def save_checkpoint(run: RunFolder | None, card: ckpt.ModelCard, parts: dict, cfg,
+                    runner: StepRunner, state: TrainState, name: str):
+    """``checkpoints/name`` with the card, the training parts and the training state, fp16
+    loss scale included. ``run``: the writing rank's run folder, None on the others."""
+    if run is None:
+        return
     state.loss_scale = runner.loss_scale_state()
-    ckpt.save_training(log.checkpoints, name, cfg, model, opt, state.state_dict(), ds,
-                       cfg.checkpoint.keep_last)
+    ckpt.save(run.checkpoint(name), card, {**parts, "state": state})
+    if name.startswith("step-"):  # only once the new one is complete
+        run.prune(cfg.checkpoint.keep_last)
 
 
-def resume_checkpoint(comm: Comm, resume: str, run_dir: Path, ds: Dataset, model, opt, cfg):
-    """Rank 0 picks and loads the checkpoint (falling back past unusable ones) and returns
-    it; the other ranks return None and receive its state in ``StepRunner.start``. An error
-    is raised on every rank."""
+def resume_checkpoint(comm: Comm, resume: str, run: RunFolder, ds: Dataset, parts: dict, cfg):
+    """Rank 0 picks and loads the checkpoint into ``parts`` (falling back past unusable
+    ones) and returns it; the other ranks return None and receive its state in
+    ``StepRunner.start``. An error is raised on every rank."""
     ck, err = None, None
     if comm.rank == 0:
         try:
-            ck = ckpt.load_for_resume(resume, run_dir, ds, model, opt, to_dict(cfg)["model"],
+            ck = ckpt.load_for_resume(resume, run, ds, parts, to_dict(cfg)["model"],
                                       warn=lambda m: print(m, file=sys.stderr, flush=True))
         except UserError as e:
             err = str(e)

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rnntrain.errors import UserError
+from rnntrain.run.runfolder import CHECKPOINTS, RunFolder
 
 
 @dataclass
@@ -44,7 +45,7 @@ class RunSummary:
 
 def read_metrics(run: str | Path) -> list[dict]:
     """The records of metrics.jsonl; a line cut short by a live writer is ignored."""
-    p = Path(run) / "metrics.jsonl"
+    p = RunFolder(run).metrics
     out = []
     try:
         lines = p.read_text().splitlines()
@@ -63,7 +64,7 @@ def read_metrics(run: str | Path) -> list[dict]:
 
 def read_status(run: str | Path) -> dict:
     try:
-        return json.loads((Path(run) / "status.json").read_text())
+        return json.loads(RunFolder(run).status.read_text())
     except (OSError, ValueError):
         return {}
 
@@ -80,11 +81,11 @@ def _alive(pid: int) -> bool:
 
 def summarize(run: str | Path) -> RunSummary:
     run = Path(run)
-    if not (run / "metrics.jsonl").exists() and not (run / "config.toml").exists():
+    if not RunFolder(run).metrics.exists() and not RunFolder(run).config.exists():
         raise UserError(f"{run}: not a run folder (no metrics.jsonl or config.toml)")
     s = RunSummary(path=str(run))
     try:
-        s.config = tomllib.loads((run / "config.toml").read_text())
+        s.config = tomllib.loads(RunFolder(run).config.read_text())
         s.epochs = int(s.config.get("train", {}).get("epochs", 0))
     except (OSError, tomllib.TOMLDecodeError):
         pass
@@ -128,13 +129,12 @@ def find_runs(root: str | Path, max_depth: int = 3) -> list[Path]:
     found = []
 
     def walk(d: Path, depth: int):
-        if (d / "metrics.jsonl").exists() or (d / "config.toml").exists() and \
-                (d / "checkpoints").is_dir():
+        if RunFolder(d).looks_like_run():
             found.append(d)
             return
         if depth < max_depth:
             for c in sorted(d.iterdir()):
-                if c.is_dir() and not c.name.startswith(".") and c.name != "checkpoints":
+                if c.is_dir() and not c.name.startswith(".") and c.name != CHECKPOINTS:
                     walk(c, depth + 1)
     walk(root, 0)
     return found

@@ -22,6 +22,7 @@ from pathlib import Path
 from rnntrain.config import load_config, parse_override
 from rnntrain.errors import UserError
 from rnntrain.fsutil import atomic_write
+from rnntrain.run.runfolder import RunFolder
 from rnntrain.tools.runs import read_status, summarize
 
 RESULT_KEYS = ("status", "epochs_done", "steps", "best_val_ler", "best_epoch",
@@ -131,7 +132,7 @@ def run_all(config: str, folder: Path, grid, runs: list[tuple[str, list[str]]],
             continue
         cmd = prefix + [sys.executable, "-m", "rnntrain", "train", config, *ov,
                         f"run.dir={run_dir}"]
-        ck = run_dir / "checkpoints"
+        ck = RunFolder(run_dir).checkpoints
         if status in ("stopped", "failed", "died", "running") and ck.is_dir() and \
                 any(ck.glob("*.pt")):
             cmd.append("--resume")  # continue an interrupted run from its newest checkpoint
@@ -173,8 +174,8 @@ def write_results(folder: Path, grid, runs) -> list[dict]:
         row = {"run": name, **{k: o.split("=", 1)[1] for k, o in zip(keys, ov)}}
         run_dir = folder / name
         if run_dir.exists():
-            s = summarize(run_dir).row() if (run_dir / "config.toml").exists() or \
-                (run_dir / "metrics.jsonl").exists() else {"status": "failed"}
+            s = summarize(run_dir).row() if RunFolder(run_dir).config.exists() or \
+                RunFolder(run_dir).metrics.exists() else {"status": "failed"}
         else:
             s = {"status": "pending"}
         row.update({k: s.get(k) for k in RESULT_KEYS})
