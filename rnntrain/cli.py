@@ -8,10 +8,27 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
-from rnntrain.cli_args import (Parser, non_negative_int, positive_int, run_main,
-                               split_overrides, take_resume, version)
+from rnntrain.cli_args import (RESUME_WORDS, Parser, non_negative_int, positive_int,
+                               run_main, split_overrides, take_resume, version)
 from rnntrain.errors import UserError
+from rnntrain.run.runfolder import RunFolder
+
+
+def resolve_resume(value: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
+    """A run folder (or its checkpoints/ folder) given to --resume means ``auto`` in that
+    folder: it becomes ``run.dir`` (an explicit, different run.dir is an error)."""
+    if value is None or value in RESUME_WORDS or not Path(value).is_dir():
+        return value, overrides
+    folder = RunFolder.of(value).root  # a run folder, or its checkpoints folder
+    given = [o.split("=", 1)[1] for o in overrides if o.startswith("run.dir=")]
+    if given and Path(given[-1].strip('"')).resolve() != folder.resolve():
+        raise UserError(f"--resume {value} is a run folder, but run.dir={given[-1]} names "
+                        f"another")
+    if not given:
+        overrides = [*overrides, f"run.dir={folder}"]
+    return "auto", overrides
 
 
 def _cmd_train(args) -> int:
@@ -27,7 +44,6 @@ def _cmd_train(args) -> int:
 
 
 def _train(args):
-    from rnntrain.cli_args import resolve_resume
     from rnntrain.config import load_config
     args.resume, args.overrides = resolve_resume(args.resume, args.overrides)
     cfg = load_config(args.config, args.overrides)

@@ -153,22 +153,6 @@ def take_resume(argv: list[str]) -> tuple[list[str], str | None]:
     return rest, value
 
 
-def resolve_resume(value: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
-    """A run folder (or its checkpoints/ folder) given to --resume means ``auto`` in that
-    folder: it becomes ``run.dir`` (an explicit, different run.dir is an error)."""
-    if value is None or value in RESUME_WORDS or not Path(value).is_dir():
-        return value, overrides
-    from rnntrain.run.runfolder import RunFolder
-    folder = RunFolder.of(value).root  # a run folder, or its checkpoints folder
-    given = [o.split("=", 1)[1] for o in overrides if o.startswith("run.dir=")]
-    if given and Path(given[-1].strip('"')).resolve() != folder.resolve():
-        raise UserError(f"--resume {value} is a run folder, but run.dir={given[-1]} names "
-                        f"another")
-    if not given:
-        overrides = [*overrides, f"run.dir={folder}"]
-    return "auto", overrides
-
-
 # ---- running a command
 
 def run_main(prog: str, cmd: str, fn, *args) -> int:

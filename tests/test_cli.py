@@ -60,7 +60,7 @@ def test_resume_takes_only_what_it_can_use(tmp_path, monkeypatch):
     assert (ov, resume, cli.build_parser().parse_args(argv).config) == (["run.dir=x"], "auto",
                                                                          "c.toml")
     # a run folder (or its checkpoints/) means auto in that folder
-    from rnntrain.cli_args import resolve_resume
+    from rnntrain.cli import resolve_resume
     assert resolve_resume("run/checkpoints", []) == ("auto", ["run.dir=run"])
     with pytest.raises(ValueError, match="names another"):
         resolve_resume("run", ["run.dir=other"])
