@@ -87,7 +87,8 @@ class ModelCard:
         """From a checkpoint dict (any version this rnntrain reads); UserError naming
         ``where`` for a missing or mistyped entry."""
         types = {"labels": list, "input_size": int, "frame_size": int, "image_height": int,
-                 "image_frontend": str, "frontend": (dict, type(None)), "config": dict}
+                 "image_frontend": str, "frontend": (dict, type(None)), "config": dict,
+                 "calibration": (dict, type(None))}
         for name in ("labels", "input_size", "config"):
             if name not in ck:
                 raise UserError(f"{where}: not a complete rnntrain checkpoint (no {name})")
@@ -182,6 +183,10 @@ class Checkpoint:
     def trainable(self) -> bool:
         """Does it hold what a resume needs (optimizer and training position)?"""
         return all(k in self.parts for k in TRAINING_PARTS)
+
+    def save(self, path):
+        """Write this checkpoint (its card and parts as they are now) to ``path``."""
+        save_atomic({"format": FORMAT_VERSION, **self.card.state_dict(), **self.parts}, path)
 
     def state(self):
         """The training position and scores (``TrainState``)."""
