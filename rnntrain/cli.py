@@ -63,7 +63,7 @@ def _load_for_eval(checkpoint: str, data: str, device: str, need_targets: bool =
     ``same_labels=False``: the checkpoint's alphabet may be the data's in another order (an
     ensemble's further members, matched by name)."""
     from rnntrain.compute.device import pick_device
-    from rnntrain.data.dataset import Dataset, check_fits
+    from rnntrain.data.dataset import Dataset
     from rnntrain.errors import DataError
     from rnntrain.infer.model import resolve
     from rnntrain.run import checkpoint as ckpt
@@ -79,7 +79,7 @@ def _load_for_eval(checkpoint: str, data: str, device: str, need_targets: bool =
         raise DataError(data, "missing variable: no targets to score against (rnntrain "
                               "decode or transcribe need none)", var="targetStrings")
     if ds.has_targets and same_labels:
-        check_fits(ds, card.labels, card.input_size, "the checkpoint's")
+        card.check_labels(ds, checkpoint, "the checkpoint's")
     elif ds.input_size != card.input_size:  # a file to decode without targets: no alphabet
         raise DataError(data, f"inputPattSize {ds.input_size} differs from the checkpoint's "
                               f"({card.input_size})")
@@ -285,6 +285,18 @@ def _cmd_transcribe(args) -> int:
             raise
         raise UserError(f"--out {args.out}: cannot write it ({e.strerror or e})") from None
     print(f"wrote {n} lines to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _cmd_average(args) -> int:
+    from rnntrain.fsutil import check_output
+    from rnntrain.infer.model import resolve  # a run folder: its best.pt
+    paths = [resolve(p) for p in args.models]
+    check_output(args.out, paths)  # before any work; never over one of the inputs
+    from rnntrain.run.average import average_checkpoints
+    ck = average_checkpoints(paths, args.out)
+    print(f"wrote {args.out}: the mean of {len(paths)} checkpoints' weights "
+          f"({len(ck.card.labels)} labels)")
     return 0
 
 
@@ -519,6 +531,13 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--check", nargs="*", metavar="INPUT", default=None,
                    help="audio, image or .npy files to check the export on (default: the "
                         "checkpoint's own .nc data when it is there, else random frames)")
+    a = sub.add_parser("average", help="average the weights of several checkpoints",
+                       description="Write the arithmetic mean of the weights of checkpoints "
+                                   "of one architecture and alphabet (icefall's checkpoint "
+                                   "averaging); a model to evaluate, use or fine-tune from.")
+    a.add_argument("models", nargs="+", metavar="CKPT",
+                   help="checkpoints or run folders (their best.pt)")
+    a.add_argument("--out", required=True, help="the averaged checkpoint to write")
     r = sub.add_parser("runs", help="list run folders: status, epochs, best LER, speed",
                        description="List the run folders under DIR, one line each: status "
                                    "(running, finished, stopped, failed, or died), epochs and "
@@ -603,7 +622,8 @@ def _prepare(argv: list[str]) -> tuple[list[str], list[str], str | None]:
 HANDLERS = {"train": _cmd_train, "eval": _cmd_eval, "decode": _cmd_decode,
             "tune-decoder": _cmd_tune_decoder,
             "calibrate": _cmd_calibrate, "transcribe": _cmd_transcribe,
-            "export": _cmd_export, "runs": _cmd_runs, "sweep": _cmd_sweep,
+            "export": _cmd_export, "average": _cmd_average, "runs": _cmd_runs,
+            "sweep": _cmd_sweep,
             "crossfold": _cmd_crossfold,
             "report": _cmd_report, "init": _cmd_init}
 

@@ -42,6 +42,8 @@ Allocator = Literal["cache", "system"]
 ExchangeMode = Literal["allreduce", "master"]
 DistBackend = Literal["auto", "mpi", "torch"]
 Overlap = Literal["auto", "on", "off"]
+InitAlphabet = Literal["keep", "merge", "replace"]
+Average = Literal["none", "ema", "last"]
 Progress = Literal["auto", "bar", "lines"]
 Frontend = Literal["none", "conv"]
 ConvNorm = Literal["group", "none"]
@@ -122,6 +124,21 @@ class TrainConfig:
     # large blocks go back to the kernel at once (rnntrain.compute.allocator). `rnntrain
     # eval` and `decode` apply the checkpoint's policy too
     allocator: Allocator = "cache"
+    # fine-tuning (rnntrain.run.finetune): a new run (its own optimizer, schedule and epochs)
+    # from the weights of this checkpoint or run folder; "" = random initial weights
+    init_from: str = ""
+    # the output alphabet when fine-tuning: "keep" (must be the model's), "merge" (the
+    # model's labels plus the data's new ones), "replace" (the data's); rows of shared
+    # labels are kept
+    init_alphabet: InitAlphabet = "keep"
+    # parameters not trained: "frontend" (the conv front end), "lstm:K" (first K LSTM layers)
+    freeze: list[str] = field(default_factory=list)
+    # a weight average kept while training, which validation scores and best.pt holds for
+    # inference: "none", "ema" (exponential, every step), "last" (the last average_last
+    # epoch ends); rnntrain.run.average
+    average: Average = "none"
+    ema_decay: float = field(default=0.999, metadata={"gt": 0, "lt": 1})
+    average_last: int = positive(5)
 
 
 @dataclass
@@ -285,6 +302,13 @@ def _coerce(section: str, key: str, value: Any, typ) -> Any:
                                            for v in value):
             return list(value)
         raise ConfigError(f"{name} must be a list of integers, e.g. [16, 32], got {value!r}")
+    elif get_origin(typ) is list and get_args(typ) == (str,):
+        if isinstance(value, str):  # one entry: train.freeze=frontend
+            return [value]
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return list(value)
+        raise ConfigError(f"{name} must be a list of strings, e.g. [\"a\", \"b\"], got "
+                          f"{value!r}")
     raise ConfigError(f"{name} must be {getattr(typ, '__name__', typ)}, got "
                       f"{type(value).__name__} {value!r}")
 

@@ -99,5 +99,6 @@ def test_choices_and_limits_live_on_the_fields():
                 bad = f.metadata.get("gt", f.metadata.get("ge", 0)) - 1
                 with pytest.raises(ConfigError, match=f"{sec.name}.{f.name} = "):
                     load_config(None, ["data.train=x.nc", f"{sec.name}.{f.name}={bad}"])
-    # frontend, conv_norm, backend, progress, overlap, allocator, augment.preset, ...
-    assert n_choice == 15 and n_limit >= 27
+    # frontend, conv_norm, backend, progress, overlap, allocator, augment.preset,
+    # init_alphabet, average, ...
+    assert n_choice == 17 and n_limit >= 27

@@ -98,7 +98,7 @@ def test_init_writes_a_recipe_with_what_it_runs(tmp_path):
 # `rnntrain-data images` importing data_tools.audio, cannot come back unseen).
 WHEEL_COVERS = {
     "rnntrain": {"init", "train", "eval", "decode", "tune-decoder", "transcribe", "export",
-                 "runs", "sweep", "report", "crossfold", "calibrate"},
+                 "runs", "sweep", "report", "crossfold", "calibrate", "average"},
     "rnntrain-data": {"synth", "inspect", "shard", "audio", "kaldi", "lhotse", "convert",
                       "fsdd-strings", "yesno-lists", "ngram", "images", "render-lines",
                       "perplexity", "faker-text", "rnnlib-config", "pagexml"},
@@ -331,6 +331,9 @@ def test_wheel_in_a_fresh_venv_from_another_folder(tmp_path):
     assert all((work / f"runs/cv/fold-{i}/checkpoints/last.pt").is_file() for i in (0, 1))
     ev = json.loads(run("rnntrain", "eval", "runs/cv", "data/synth_val.nc", "--json").stdout)
     assert 0 <= ev["best"]["ler"]
+    # the two folds' weights averaged into one model (one architecture and alphabet)
+    run("rnntrain", "average", "runs/cv/fold-0", "runs/cv/fold-1", "--out", "avg.pt")
+    assert (work / "avg.pt").is_file()
     run("rnntrain", "decode", "runs/default", "data/synth_val.nc", "--out", "hyps.txt")
     assert len((work / "hyps.txt").read_text().splitlines()) == 20
     toml = run("rnntrain-data", "rnnlib-config", "old.config").stdout

@@ -34,7 +34,8 @@ import re
 import shutil
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Mapping, Protocol
+import types
+from typing import Mapping, Protocol, get_args, get_origin, get_type_hints
 
 import torch
 
@@ -70,6 +71,10 @@ class ModelCard:
     # the confidences' temperature fitted on labelled data (decode.calibrate.Calibration's
     # to_dict: the end of training, rnntrain calibrate); None: uncalibrated (T = 1)
     calibration: dict | None = None
+    # the weights inference uses: "model" (the trained ones) or "average" (the part
+    # "average": train.average kept one, and validation scored it)
+    weights: str = "model"
+    init_from: str = ""          # the checkpoint this model was fine-tuned from (train.init_from)
 
     @classmethod
     def of_data(cls, ds, config: dict) -> "ModelCard":
@@ -86,24 +91,21 @@ class ModelCard:
     def from_record(cls, ck: dict, where) -> "ModelCard":
         """From a checkpoint dict (any version this rnntrain reads); UserError naming
         ``where`` for a missing or mistyped entry."""
-        types = {"labels": list, "input_size": int, "frame_size": int, "image_height": int,
-                 "image_frontend": str, "frontend": (dict, type(None)), "config": dict,
-                 "calibration": (dict, type(None))}
         for name in ("labels", "input_size", "config"):
             if name not in ck:
                 raise UserError(f"{where}: not a complete rnntrain checkpoint (no {name})")
+        hints = get_type_hints(cls)
         got = {}
         for f in fields(cls):
             if f.name in ck and f.name != "frame_size" or ck.get(f.name):
                 v = ck[f.name]
-                if not isinstance(v, types[f.name]) or isinstance(v, bool):
+                if not _is(v, hints[f.name]):
                     raise UserError(f"{where}: not a complete rnntrain checkpoint (an entry "
                                     f"has the wrong type: {f.name})")
                 got[f.name] = v
-        if not all(isinstance(x, str) for x in got["labels"]) or \
-                not isinstance(got["config"].get("model", {}), dict):
+        if not isinstance(got["config"].get("model", {}), dict):
             raise UserError(f"{where}: not a complete rnntrain checkpoint (an entry has the "
-                            "wrong type: labels or config)")
+                            "wrong type: config)")
         got.setdefault("frame_size", legacy_frame_size(got))
         return cls(**got)
 
@@ -148,9 +150,29 @@ class ModelCard:
                 raise UserError(f"{where}: {key} {have} differs from {ds.source} "
                                 f"({other[key]}): a model takes only input like its own")
 
-    def check_labels(self, ds, where):
-        """``ds`` must have this card's alphabet; the difference is named otherwise."""
-        check_fits(ds, self.labels, self.input_size, f"checkpoint {where}")
+    def check_labels(self, ds, where, what: str | None = None):
+        """``ds`` must have this card's alphabet (the difference is named otherwise), or
+        be its first labels: a model fine-tuned with train.init_alphabet = "merge" keeps
+        the labels its data lacks after the data's own."""
+        n = len(ds.labels)
+        if n and len(self.labels) > n and list(self.labels[:n]) == list(ds.labels):
+            check_fits(ds, self.labels[:n], self.input_size, what or f"checkpoint {where}")
+            return
+        check_fits(ds, self.labels, self.input_size, what or f"checkpoint {where}")
+
+
+def _is(v, hint) -> bool:
+    """Does ``v`` (a value loaded from a file) have the type ``hint`` (of a card field)?"""
+    if isinstance(hint, types.UnionType):
+        return any(_is(v, h) for h in get_args(hint))
+    if hint is type(None):
+        return v is None
+    if get_origin(hint) is list:
+        (item,) = get_args(hint)
+        return isinstance(v, list) and all(_is(x, item) for x in v)
+    if hint is int:
+        return isinstance(v, int) and not isinstance(v, bool)
+    return isinstance(v, get_origin(hint) or hint)
 
 
 def legacy_frame_size(card: dict) -> int:
@@ -187,6 +209,18 @@ class Checkpoint:
     def save(self, path):
         """Write this checkpoint (its card and parts as they are now) to ``path``."""
         save_atomic({"format": FORMAT_VERSION, **self.card.state_dict(), **self.parts}, path)
+
+    def inference_weights(self) -> dict:
+        """The weights inference uses (the card's ``weights``): the model's, with the
+        average's floating-point entries in their place for ``"average"``."""
+        sd = dict(self.parts["model"])
+        if self.card.weights == "average":
+            avg = self.parts.get("average")
+            if not isinstance(avg, dict) or not isinstance(avg.get("avg"), dict):
+                raise UserError(f"{self.path}: its card names averaged weights, but it holds "
+                                "none")
+            sd.update(avg["avg"])
+        return sd
 
     def state(self):
         """The training position and scores (``TrainState``)."""
@@ -275,15 +309,13 @@ def read(path, training: bool = False) -> Checkpoint:
     return rec
 
 
-def load_model(path, weights: str = "model"):
-    """THE checkpoint → network builder: → (CTCModel in eval mode on the CPU, Checkpoint).
-    ``weights``: the part to load ("model"; "average" for a run's weight average)."""
+def load_model(path):
+    """THE checkpoint → network builder: → (CTCModel in eval mode on the CPU, Checkpoint),
+    with the weights the card names for inference."""
     ck = read(path)
     net = ck.card.build(path)
-    if weights not in ck.parts:
-        raise UserError(f"{path}: holds no {weights} weights")
     try:
-        net.load_state_dict(ck.parts[weights])
+        net.load_state_dict(ck.inference_weights())
     except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
         raise UserError(f"{path}: its weights do not fit its own [model] section "
                         f"({(str(e).splitlines() or [type(e).__name__])[0][:200]})") from None

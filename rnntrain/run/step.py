@@ -125,6 +125,8 @@ class StepRunner:
         self.task_cost = cost_model_for(model, tc.precision if device.type == "cpu"
                                         else "fp32")
         self.bad: BadSteps | None = None
+        # (P,) 0 for the parameters train.freeze names, 1 elsewhere; None: none frozen
+        self.grad_mask: torch.Tensor | None = None
         self._ahead: tuple[tuple, list] | None = None  # (sequences, their task split)
 
     def start(self, model, state: TrainState) -> TrainState:
@@ -162,6 +164,8 @@ class StepRunner:
         t3 = time.perf_counter()
         self.exch.reduce(step + 1, t2 - t1, stop)  # gradients, counts, stop: one message
         t4 = time.perf_counter()
+        if self.grad_mask is not None:  # frozen parameters: no gradient, no share of the norm
+            self.flat.grad.mul_(self.grad_mask)
         scale = self.scaler.scale if self.scaler.enabled else None  # device-side: no read
         norm, finite = self.flat.normalize_and_clip(oc.normalize, oc.clip_norm, scale)
         set_lr(self.opt, oc.lr * lr_factor(oc, step, fed.epoch_len, self.total_steps))

@@ -38,6 +38,8 @@ from rnntrain.parallel.comm import Comm
 from rnntrain.parallel.exchange import overlap_wanted
 from rnntrain.run import checkpoint as ckpt
 from rnntrain import trace
+from rnntrain.run import finetune
+from rnntrain.run.average import WeightAverage
 from rnntrain.run.evaluate import evaluate
 from rnntrain.run.faults import StopFlag, pause_point, resume_hint
 from rnntrain.run.metrics import MetricsWindow
@@ -136,16 +138,28 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
         log.info(f"augmentation: {augment.describe()}")
 
     # ---- model, optimizer, plan size and the step's machinery (same weights everywhere)
-    check_memory(cfg.model, train_ds.frame_size, train_ds.num_labels,
+    card = ckpt.ModelCard.of_data(train_ds, to_dict(cfg))  # what every checkpoint says it is
+    if tc.init_from:  # fine-tuning: the output alphabet follows train.init_alphabet
+        source = finetune.source(tc.init_from)
+        card.init_from = str(source)
+        card.labels = finetune.alphabet(tc.init_alphabet, ckpt.read(source).card.labels,
+                                        train_ds.labels, source)
+    card.weights = "average" if tc.average != "none" else "model"
+    check_memory(cfg.model, train_ds.frame_size, len(card.labels),
                  5 + workers * tc.tasks_per_worker, memory_bytes(device))
     torch.manual_seed(tc.seed)
-    model = build_model(cfg.model, train_ds.frame_size, train_ds.num_labels,
+    model = build_model(cfg.model, train_ds.frame_size, len(card.labels),
                         train_ds.frame_height)
     if cfg.model.cell == "peephole":
         init_uniform(model, 0.1)
+    if tc.init_from and not resume:
+        log.info(finetune.start_from(cfg, model, card.labels, train_ds)[1])
     model.to(device).train()
-    opt = build_optimizer(cfg.optim, model.parameters(), fused=device.type == "cuda")
-    card = ckpt.ModelCard.of_data(train_ds, to_dict(cfg))  # what every checkpoint says it is
+    frozen = {id(p) for p in finetune.frozen_parameters(model, tc.freeze)}
+    opt = build_optimizer(cfg.optim, [p for p in model.parameters() if id(p) not in frozen],
+                          fused=device.type == "cuda")
+    averager = WeightAverage(model, tc.average, tc.ema_decay, tc.average_last) \
+        if tc.average != "none" else None
     planner = BatchPlanner(train_ds, keep, PlanSettings.from_config(cfg), rank, comm.size)
     steps_per_epoch = planner.steps_per_epoch
     collectives.agree(comm, steps_per_epoch, "steps per epoch")
@@ -154,10 +168,12 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
     stop, bar, feed = StopFlag(), None, None
     runner = StepRunner(cfg, model, opt, comm, device, workers, planner,
                         steps_per_epoch * tc.epochs, augment=augment)
+    runner.grad_mask = finetune.gradient_mask(
+        model, [p for p in model.parameters() if id(p) in frozen], device)
     try:
         if resume:  # rank 0 reads it; the other ranks receive the state in runner.start
             ck = resume_checkpoint(comm, resume, run, train_ds,
-                                   training_parts(model, opt), cfg)
+                                   training_parts(model, opt, averager), cfg)
             if ck is not None:
                 state.load_state_dict(ck.parts["state"])
                 log.info(f"resumed from {ck.path} at epoch {state.epoch + 1} "
@@ -179,7 +195,7 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
                  f"{tc.intra_threads} thread(s) on {device}, run folder {run_dir}")
         every, last_ckpt = host_every(device, tc.log_every), time.monotonic()
         save = partial(save_checkpoint, run if writer else None, card,
-                       training_parts(model, opt), cfg, runner)
+                       training_parts(model, opt, averager), cfg, runner)
         log.set_status("running", resumed=bool(resume))
         for epoch in range(state.epoch, tc.epochs):
             # an epoch interrupted on another rank count goes on over the sequences left
@@ -196,6 +212,8 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
                 res = runner.run(fed, state.step, want_errors=every == 1 or log_now,
                                  stop=stop.requested)  # GPU: LER on logging steps only
                 state.advance(fed.index + 1)
+                if averager is not None:
+                    averager.step()
                 window.add(res, padding_ratio([fed.batch], train_ds.lengths))
                 bar.update(1)
                 if state.step % every == 0 or last:
@@ -220,13 +238,18 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
             bar.close()
             feed.close()
             state.end_epoch()
+            if averager is not None:
+                averager.end_epoch()
             if writer:
                 log.info(f"epoch {epoch + 1}: data wait {feed.reader.wait_s:.2f} s, "
                          f"loads {feed.reader.load_s:.2f} s")
             improved = True  # ---- validation, best and last checkpoints, early stopping
             if val_ds is not None and (epoch + 1) % tc.val_every_epochs == 0:
+                own = averager.swap_in() if averager is not None else None  # score the average
                 summ = validate(log, model, val_ds, val_keep, cfg, device, comm, workers, epoch,
                                 state.step)
+                if own is not None:
+                    averager.swap_out(own)
                 improved = state.record_validation(summ["ler"], summ["loss"])
             # best.pt before last.pt: last.pt records the new best score, so once it is
             # written a resume never validates this epoch again; a kill between the two
@@ -408,16 +431,23 @@ def final_summary(run: RunFolder, state: TrainState, test: dict | None,
 def load_best(run: RunFolder | None, model, comm: Comm):
     """Every rank: the weights of checkpoints/best.pt (read by the writing rank, which
     holds ``run``; then broadcast)."""
-    if run is not None and run.best.exists():
-        ckpt.read(run.best).restore({"model": model})
+    if run is not None and run.best.exists():  # the weights inference would use
+        model.load_state_dict(ckpt.read(run.best).inference_weights())
     collectives.broadcast_weights(comm, list(model.parameters()), "best-checkpoint broadcast")
 
 
-def training_parts(model, opt) -> dict:
+def training_parts(model, opt, averager=None) -> dict:
     """The parts of the training a checkpoint holds, by name (``checkpoint.Stateful``):
-    a resume restores each from its entry. The TrainState (the plan position and scores)
-    is passed at save time (``save_checkpoint``)."""
-    return {"model": model, "optim": opt}
+    a resume restores each from its entry (the ``OPTIONAL_PARTS`` where older files lack
+    them). The TrainState (the plan position and scores) is passed at save time
+    (``save_checkpoint``)."""
+    parts = {"model": model, "optim": opt}
+    if averager is not None:
+        parts["average"] = averager
+    return parts
+
+
+OPTIONAL_PARTS = ("average",)  # a run that starts averaging on resume starts it there
 
 
 def save_checkpoint(run: RunFolder | None, card: ckpt.ModelCard, parts: dict, cfg,
@@ -440,6 +470,7 @@ def resume_checkpoint(comm: Comm, resume: str, run: RunFolder, ds: Dataset, part
     if comm.rank == 0:
         try:
             ck = ckpt.load_for_resume(resume, run, ds, parts, to_dict(cfg)["model"],
+                                      optional=OPTIONAL_PARTS,
                                       warn=lambda m: print(m, file=sys.stderr, flush=True))
         except UserError as e:
             err = str(e)
