@@ -147,10 +147,16 @@ def _cmd_eval(args) -> int:
         check_output(args.details, [*(resolve(p) for p in model_paths(args.checkpoint)),
                                     args.data], what="--details")
     hyps: dict[int, list[int]] = {}
+    # lines with characters the alphabet lacks (a val/test set converted with the training
+    # set's alphabet) are scored against their full text
+    from rnntrain.data.ncdata import full_targets
+    full = full_targets(args.data, model.labels)
     counts = evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev,
                       decoder=decoder, space=space, threads=threads, workers=threads,
-                      vote=vote, on_hyp=hyps.__setitem__ if args.details else None)
+                      vote=vote, on_hyp=hyps.__setitem__ if args.details else None,
+                      full_targets=full[0] if full else None)
     out = {k: c.summary() for k, c in counts.items()}
+    ooa = {"lines": full[1], "labels": full[2]} if full else {"lines": 0, "labels": 0}
     if args.details:
         from rnntrain.decode.details import details_text
         from rnntrain.fsutil import atomic_write
@@ -170,8 +176,13 @@ def _cmd_eval(args) -> int:
         # "best" and "beam" (null without a beam search) always; the best-path figures
         # also at the top level, where scripts written before the beam search read them
         print(json.dumps({**out["best"], "best": out["best"], "beam": out.get("beam"),
-                          "beam_width": decoder.beam if decoder is not None else 0}))
+                          "beam_width": decoder.beam if decoder is not None else 0,
+                          "out_of_alphabet": ooa}))
     else:
+        if ooa["lines"]:
+            print(f"out-of-alphabet: {ooa['lines']} line(s) hold {ooa['labels']} label(s) the "
+                  "model's alphabet lacks (scored against the full text: errors it could "
+                  "not avoid)")
         for k, s in out.items():
             name = "best path" if k == "best" else decoder.describe()
             wer = f"WER {s['wer']:.4f}, " if "wer" in s else ""

@@ -443,3 +443,87 @@ def test_real_ocrd_page_in_page_xml_and_alto(tmp_path):
     assert v2[2] == va[2]
     for a, b in zip(v2[1], va[1]):
         np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------- eval: out-of-alphabet
+
+
+def edit_distance(a, b) -> int:
+    d = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        prev, d[0] = d[0], i
+        for j, y in enumerate(b, 1):
+            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (x != y))
+    return d[-1]
+
+
+def test_eval_scores_out_of_alphabet_lines_against_their_full_text(tmp_path):
+    """A val file converted with the training alphabet keeps lines with unknown labels;
+    eval's LER equals the edit distance of decode's hypotheses to the FULL transcripts
+    (computed here), and it counts the lines; training on such a file is refused."""
+    from data_tools.images import convert_images, labels_from
+    from tests.test_infer_images import image_run
+    run, ds, _, names = image_run(tmp_path / "d", "2d", 12)
+    d = tmp_path / "d"
+    rows = (d / "list.tsv").read_text().splitlines()
+    extra = {1: " Q", 3: " Q R"}                       # labels the alphabet lacks
+    (d / "val.tsv").write_text("".join(r + extra.get(i, "") + "\n" for i, r in enumerate(rows)))
+    info = convert_images(d / "val.tsv", d / "val.nc", ImageSettings(12, "auto"),
+                          labels=labels_from(d / "img.nc"), keep_unknown=True, progress=False)
+    assert info["out_of_alphabet"] == 2
+    r = run_cli_batch([("rnntrain", "eval", run, d / "val.nc", "--json"),
+                       ("rnntrain", "decode", run, d / "val.nc"),
+                       ("rnntrain", "train", "data.train=" + str(d / "val.nc"),
+                        "run.dir=" + str(tmp_path / "r"))])
+    assert r[0].returncode == 0 and r[1].returncode == 0, r[0].stderr + r[1].stderr
+    ev = json.loads(r[0].stdout)
+    assert ev["out_of_alphabet"] == {"lines": 2, "labels": 3}
+    hyps = [ln.split("\t")[1].split() if "\t" in ln else [] for ln in r[1].stdout.splitlines()]
+    refs = [(row.split("\t")[1] + extra.get(i, "")).split() for i, row in enumerate(rows)]
+    assert len(hyps) == len(refs)
+    # the sequences eval scores: those long enough for their (in-alphabet) target
+    from rnntrain.compute.model import total_subsample
+    from rnntrain.config import load_config
+    from tests.test_infer_images import CONV
+    keep = Dataset.open(str(d / "val.nc")).feasible(total_subsample(
+        load_config(None, ["data.train=x.nc", *CONV]).model))
+    assert keep[1] and keep[3] and ev["skipped"] == int((~keep).sum())
+    hyps, refs = [h for h, k in zip(hyps, keep) if k], [t for t, k in zip(refs, keep) if k]
+    want = sum(edit_distance(h, t) for h, t in zip(hyps, refs)) / sum(map(len, refs))
+    assert ev["ref_labels"] == sum(map(len, refs)) and ev["ler"] == pytest.approx(want)
+    clean_error(r[2], "val.nc", "2 line(s) hold characters outside its alphabet")
+
+
+def test_transcribe_prepares_any_image_as_the_converter_did(tmp_path):
+    """A model trained on default-geometry lines (48 high, trimmed) reads a new image of
+    any size and margin: a 3x larger scan of a line with a wide margin becomes frames of
+    the model's height, close to the converted line's (no 'height exceeds' refusal)."""
+    import torch
+    import rnntrain
+    from rnntrain.compute.model import build_model
+    from rnntrain.config import load_config
+    from rnntrain.run.checkpoint import save_training
+    from tests.test_infer_images import CONV
+    texts = write_gt_folder(tmp_path / "g", 3)
+    convert_images(None, tmp_path / "t.nc", ImageSettings(48, "auto", 4),
+                   inputs=[str(tmp_path / "g")], progress=False)
+    ds = Dataset.open(str(tmp_path / "t.nc"))
+    cfg = load_config(None, [f"data.train={tmp_path / 't.nc'}", *CONV])
+    torch.manual_seed(0)
+    net = build_model(cfg.model, ds.frame_size, ds.num_labels, ds.frame_height).eval()
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    save_training(tmp_path / "run" / "checkpoints", "best.pt", cfg, net,
+                  torch.optim.SGD(net.parameters(), lr=0.1), {"epoch": 1, "pos": 0, "step": 1},
+                  ds, keep_last=1)
+    m = rnntrain.load(tmp_path / "run")
+    assert m.image.settings == ImageSettings(48, "auto", 4) and m.image.height == 48
+    small = np.asarray(Image.open(tmp_path / "g" / "0000.png"))
+    big = Image.fromarray(small).resize((small.shape[1] * 3, small.shape[0] * 3), Image.BICUBIC)
+    big = np.pad(np.asarray(big), ((100, 150), (300, 200)), constant_values=255)
+    Image.fromarray(big).save(tmp_path / "big.png")
+    want = ds.load_chunk(0)[0]                              # (W, 48) as converted
+    got = m.frames(tmp_path / "big.png")
+    assert got.shape[1] == 48 and abs(got.shape[0] - want.shape[0]) <= 2
+    w = min(len(got), len(want))
+    assert np.abs(got[:w] - want[:w]).mean() < 0.08
+    assert texts[0] == "Gr\u00fc\u00dfe"

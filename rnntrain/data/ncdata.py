@@ -591,3 +591,52 @@ def check_complete(path):
     if need is not None and have < need:
         raise DataError(path, f"truncated file: {have:,} bytes, its header describes "
                               f"{need:,} (an interrupted copy or download?)")
+
+
+FULL_TARGETS = "fullTargetStrings"   # converters: each line's whole transcript (label names)
+
+
+def full_targets(path, labels: Sequence[str]) -> tuple[dict[int, np.ndarray], int, int] | None:
+    """The ``fullTargetStrings`` of a validation/test file converted with a training set's
+    alphabet (``rnntrain-data images --labels-from``): {sequence: label indices} for the
+    lines holding labels the alphabet lacks, each unknown name given its own index from
+    ``len(labels) + 1`` on (never a model output: the blank is ``len(labels)``), plus the
+    counts (lines, labels) outside the alphabet; None when the file has no such variable
+    (or is not a single NetCDF file)."""
+    p = str(path)
+    if not p.endswith(".nc") or file_problem(p, "data file"):
+        return None
+    with NC_LOCK, _open(p) as ds:
+        if FULL_TARGETS not in ds.variables:
+            return None
+        rows = ds[FULL_TARGETS][:]
+        full = [b"".join(r.compressed() if hasattr(r, "compressed") else r).decode("utf-8")
+                for r in np.ma.getdata(rows)]
+    index = {name: i for i, name in enumerate(labels)}
+    unknown: dict[str, int] = {}
+    out, lines, count = {}, 0, 0
+    for s, text in enumerate(full):
+        names = text.split()
+        if all(n in index for n in names):
+            continue
+        ids = []
+        for n in names:
+            if n not in index:
+                count += 1
+                ids.append(unknown.setdefault(n, len(labels) + 1 + len(unknown)))
+            else:
+                ids.append(index[n])
+        out[s] = np.asarray(ids, np.int64)
+        lines += 1
+    return out, lines, count
+
+
+def out_of_alphabet_lines(path) -> int:
+    """How many lines of a converted file hold labels its alphabet lacks (the attribute
+    ``outOfAlphabetLines``; 0 for any other file)."""
+    p = str(path)
+    if not p.endswith(".nc") or file_problem(p, "data file"):
+        return 0
+    with NC_LOCK, _open(p) as ds:
+        return int(ds.getncattr("outOfAlphabetLines")) if "outOfAlphabetLines" in \
+            ds.ncattrs() else 0

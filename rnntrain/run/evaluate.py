@@ -81,7 +81,7 @@ class _BatchScorer:
     per_seq: Callable | None = None   # (T', C) log-probs of one sequence -> any result
 
     def __call__(self, worker: int, task: Task) -> _Scored:
-        frames, targets = task.payload
+        frames, targets, scored = task.payload   # scored: what the hypotheses meet
         x, lengths = collate(frames)
         voted = None
         with torch.inference_mode():
@@ -94,7 +94,7 @@ class _BatchScorer:
             lp = lp.float().cpu().numpy() if lp is not None else None  # (T', N, C)
         lens = out_len.cpu().numpy() if out_len is not None else None
         best = ErrorCounts(loss_sum=loss, frames=int(lengths.sum()))
-        refs, _ = ragged_as_strings(targets)
+        refs, _ = ragged_as_strings(scored)
         if voted is not None:
             bp, n = _padded(voted)
         else:
@@ -142,7 +142,8 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
              score: bool = True, workers: int = 0, intra: int = 1,
              batch_scale: int = EVAL_BATCH_SCALE, vote: Callable | None = None,
              per_seq: Callable | None = None,
-             on_seq: Callable[[int, object], None] | None = None
+             on_seq: Callable[[int, object], None] | None = None,
+             full_targets: dict[int, np.ndarray] | None = None
              ) -> dict[str, ErrorCounts]:
     """Score ``ds`` (only sequences with keep[i]); returns {"best": counts[, "beam": counts]}.
 
@@ -152,7 +153,10 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
     on_hyp(seq id, labels) is called with each hypothesis (the decoder's if there is one),
     in plan order; on_log_probs(seq ids, log_probs (T, N, C), lengths (N,)) with each
     batch's network output (``tune-decoder`` keeps them to decode again). score=False
-    (decoding: targets absent or not needed) skips the CTC loss.
+    (decoding: targets absent or not needed) skips the CTC loss. ``full_targets``
+    {sequence: labels}: score those sequences' hypotheses against these instead of their
+    targets (lines holding characters the alphabet lacks, ``ncdata.full_targets``; the
+    CTC loss still uses the targets).
 
     ``workers`` threads (0: this rank's cores, see ``eval_workers``) each score whole
     batches of ``batch_scale`` x ``batch_frames`` padded frames (``eval_batch_frames``:
@@ -195,8 +199,10 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
                 # costliest first in the queue (padded frames), merged back in plan order
                 order = sorted(range(len(batches)), key=lambda i: -len(batches[i]) * max(
                     len(payload[s]) for s in batches[i]))
+                full = full_targets or {}
                 tasks = [Task(j, batches[i], ([payload[s] for s in batches[i]],
-                                              [ds.targets[s] for s in batches[i]]))
+                                              [ds.targets[s] for s in batches[i]],
+                                              [full.get(s, ds.targets[s]) for s in batches[i]]))
                          for j, i in enumerate(order)]
                 results, _ = pool.run(tasks)
                 payload = tasks = None  # the chunk can go once its batches are scored

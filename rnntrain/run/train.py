@@ -298,6 +298,11 @@ def open_data(cfg: Config):
     ``data.fold``, the other's that fold (``rnntrain.data.folds``)."""
     dc = cfg.data
     train_ds = Dataset.open(dc.train, dc.chunk_frames)
+    from rnntrain.data.ncdata import out_of_alphabet_lines
+    if n := out_of_alphabet_lines(dc.train):  # their targets lack what the alphabet lacks
+        raise UserError(f"{dc.train}: {n} line(s) hold characters outside its alphabet (it "
+                        "was converted as a validation/test set, with --labels-from); "
+                        "convert training data with an alphabet that has them (--labels)")
     # a fold's validation set is the training file again (its own metadata object: the
     # reader of one never shares state with the other's)
     val_path = dc.train if dc.folds else dc.val
