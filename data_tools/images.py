@@ -32,11 +32,12 @@ character is an error the model could not avoid) and training refuses.
 
 Pixels (PNG, JPEG, TIFF, anything Pillow opens): grayscale in [0, 1] with ink high and
 background 0 (``--invert auto`` inverts images whose median is light, i.e. dark text on a
-light background), so that zero padding is background. Line geometry (the defaults, as
-kraken and Calamari): the white margin is trimmed to the ink and ``--trim PAD`` pixels of
-background are kept around it (default 4; ``--trim none`` keeps the margins), and every
-line is scaled to ``--height`` pixels (default 48) keeping the aspect ratio; ``--height
-0`` keeps the original sizes (and the margins, unless ``--trim`` is given). The
+light background), so that zero padding is background. Line geometry: every line is
+scaled to ``--height`` pixels (default 48, as kraken and Calamari) keeping the aspect
+ratio; ``--height 0`` keeps the original sizes. ``--trim PAD`` (e.g. 4) trims the white
+margin to the ink and keeps PAD pixels of background around it, so that loosely and
+tightly cropped lines read alike; off by default (on archiscribe's tight crops it slowed
+learning: docs/accuracy.md, "Line geometry"). The
 preparation is ``rnntrain.frontend.images``, the one ``rnntrain transcribe`` applies to
 new images, so a model reads any new line whatever its size.
 

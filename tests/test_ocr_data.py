@@ -1,6 +1,6 @@
 """OCR ground truth as users have it: line images with .gt.txt beside them, PAGE-XML and
 ALTO pages, splits, alphabets (label files, out-of-alphabet lines kept for eval), the
-default line geometry (height, trimmed margins) and hostile images (decompression bombs,
+line geometry (height, trimmed margins) and hostile images (decompression bombs,
 multi-page TIFFs, non-UTF-8 text). Every file is built here (the OCR-D page of
 shared/data is read when present)."""
 from __future__ import annotations
@@ -152,7 +152,7 @@ def test_gt_txt_folder_glob_and_variants(tmp_path):
     write_gt_folder(tmp_path / "b" / "sub", 2, ".bin")
     Image.fromarray(text_image("stray")).save(tmp_path / "b" / "stray.png")   # no .gt.txt
     out = run_cli("data_tools", "images", tmp_path / "a", tmp_path / "b", "--out",
-                  tmp_path / "o.nc")
+                  tmp_path / "o.nc", "--trim", "4")
     assert out.returncode == 0, out.stderr
     assert "1 image(s)" in out.stderr and "stray.png" in out.stderr  # left out, with a note
     ds, px, tags, got, full, attrs = read_nc(tmp_path / "o.nc")
@@ -167,7 +167,7 @@ def test_gt_txt_folder_glob_and_variants(tmp_path):
     r = run_cli_batch([
         ("data_tools", "images", tmp_path / "b", "--out", tmp_path / "x.nc"),
         ("data_tools", "images", str(tmp_path / "b" / "**" / "*.bin.png"), "--out",
-         tmp_path / "g.nc"),
+         tmp_path / "g.nc", "--trim", "4"),
     ])
     clean_error(r[0], "0000.gt.txt", "several images of one line", "0000.bin.png",
                 "0000.nrm.png", "glob")
@@ -211,7 +211,8 @@ def test_split_is_seeded_and_its_lists_convert_again(tmp_path):
     write_gt_folder(tmp_path / "h", 5, ".nrm")
     (tmp_path / "out").mkdir()
     r = run_cli("data_tools", "images", tmp_path / "g", tmp_path / "h", "--out",
-                tmp_path / "out" / "set.nc", "--split", "0.6,0.2,0.2", "--seed", "3")
+                tmp_path / "out" / "set.nc", "--split", "0.6,0.2,0.2", "--seed", "3",
+                "--trim", "4")
     assert r.returncode == 0, r.stderr
     parts = {s: read_nc(tmp_path / "out" / f"set-{s}.nc") for s in ("train", "val", "test")}
     sizes = {s: p[0].num_seqs for s, p in parts.items()}
@@ -226,7 +227,7 @@ def test_split_is_seeded_and_its_lists_convert_again(tmp_path):
                                              for x in rows)
         again = tmp_path / f"again-{s}.nc"
         r2 = run_cli("data_tools", "images", "--list", lst, "--chars", "--out", again,
-                     "--labels-from", tmp_path / "out" / "set-train.nc")
+                     "--labels-from", tmp_path / "out" / "set-train.nc", "--trim", "4")
         assert r2.returncode == 0, r2.stderr
         a, b = parts[s], read_nc(again)
         assert a[3] == b[3] and a[0].labels == b[0].labels
@@ -495,7 +496,7 @@ def test_eval_scores_out_of_alphabet_lines_against_their_full_text(tmp_path):
 
 
 def test_transcribe_prepares_any_image_as_the_converter_did(tmp_path):
-    """A model trained on default-geometry lines (48 high, trimmed) reads a new image of
+    """A model trained on trimmed lines (48 high, --trim 4) reads a new image of
     any size and margin: a 3x larger scan of a line with a wide margin becomes frames of
     the model's height, close to the converted line's (no 'height exceeds' refusal)."""
     import torch

@@ -11,7 +11,9 @@ cropped line reads like a tightly cropped one) and keeps ``trim`` pixels of back
 every side; ``height`` > 0 rescales to that many pixels keeping the aspect ratio
 (bilinear; with trimming the ink is scaled to ``height - 2 * trim`` and then padded, so
 every prepared line is exactly ``height`` high); 0 keeps the size. The converter's default
-is kraken's and Calamari's line height, ``DEFAULT_HEIGHT`` = 48, with ``DEFAULT_TRIM`` = 4.
+is kraken's and Calamari's line height, ``DEFAULT_HEIGHT`` = 48, margins kept (trimming,
+e.g. ``DEFAULT_TRIM`` = 4, is an option: on tightly cropped scans it slowed learning,
+docs/accuracy.md).
 ``LineGeometry`` maps a prepared column (or model frame) back to the original image's
 pixel columns.
 
@@ -47,7 +49,7 @@ INVERT = ("auto", "yes", "no")
 LAYOUTS = ("2d", "columns")
 SPACE = "<space>"
 DEFAULT_HEIGHT = 48        # kraken's and Calamari's line height
-DEFAULT_TRIM = 4           # background pixels kept around the ink
+DEFAULT_TRIM = 4           # --trim's suggested padding around the ink (trimming is opt-in)
 MAX_PIXELS = 89_478_485    # Pillow's Image.MAX_IMAGE_PIXELS (its bomb warning threshold)
 
 
