@@ -503,7 +503,9 @@ def test_transcribe_prepares_any_image_as_the_converter_did(tmp_path):
     import rnntrain
     from rnntrain.compute.model import build_model
     from rnntrain.config import load_config
-    from rnntrain.run.checkpoint import save_training
+    from rnntrain.config import to_dict
+    from rnntrain.run.checkpoint import ModelCard, save
+    from rnntrain.run.state import TrainState
     from tests.test_infer_images import CONV
     texts = write_gt_folder(tmp_path / "g", 3)
     convert_images(None, tmp_path / "t.nc", ImageSettings(48, "auto", 4),
@@ -513,9 +515,9 @@ def test_transcribe_prepares_any_image_as_the_converter_did(tmp_path):
     torch.manual_seed(0)
     net = build_model(cfg.model, ds.frame_size, ds.num_labels, ds.frame_height).eval()
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
-    save_training(tmp_path / "run" / "checkpoints", "best.pt", cfg, net,
-                  torch.optim.SGD(net.parameters(), lr=0.1), {"epoch": 1, "pos": 0, "step": 1},
-                  ds, keep_last=1)
+    save(tmp_path / "run" / "checkpoints" / "best.pt", ModelCard.of_data(ds, to_dict(cfg)),
+         {"model": net, "optim": torch.optim.SGD(net.parameters(), lr=0.1),
+          "state": TrainState(epoch=1, step=1)})
     m = rnntrain.load(tmp_path / "run")
     assert m.image.settings == ImageSettings(48, "auto", 4) and m.image.height == 48
     small = np.asarray(Image.open(tmp_path / "g" / "0000.png"))
