@@ -39,7 +39,7 @@ def rnntrain_to_target(config: Path, overrides: list[str], run_dir: Path, target
                        cap_s: float) -> dict:
     """→ {"seconds": wall time to the target or None, "ler": [(s, val LER) per epoch]}."""
     args = [sys.executable, "-m", "rnntrain", "train", str(config), *overrides,
-            f"run.dir={run_dir}", "train.val_every_epochs=1", "train.log_every=1000000"]
+            f"run.dir={run_dir}", "train.val_every_epochs=1", "log.every_steps=1000000"]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     t0 = time.time()
     proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,

@@ -3,7 +3,7 @@
 Peak: ``torch.mm`` on large square fp32 matrices with 1 thread and with all cores (best of
 several). Useful FLOPs: ``rnntrain.compute.model.training_flops_per_frame`` (the model's matmul
 multiply-adds x 2 x 3 for forward + backward) times real (unpadded) frames per second of
-``rnntrain train`` on the reference model, in fp32 and in bf16 (``train.precision``). To
+``rnntrain train`` on the reference model, in fp32 and in bf16 (``compute.precision``). To
 show where the gap to the cap is, the model's step alone (forward, CTC, backward of one
 fixed-shape batch on one thread, no loop around it) is timed too: what torch's LSTM
 kernels reach here, and so are the loop's own tasks alone (``same_tasks_gflops``: the
@@ -21,7 +21,7 @@ import time
 
 from rnntrain.compute import allocator
 
-# the step alone runs under the policy `rnntrain train` uses (train.allocator), so that
+# the step alone runs under the policy `rnntrain train` uses (compute.allocator), so that
 # the two rows compare the loop, not the memory allocator
 allocator.configure("cache")
 import torch  # noqa: E402
@@ -89,7 +89,7 @@ def same_tasks_gflops(data: "os.PathLike", precision: str, workers: int, epoch: 
     """The loop's own tasks, run alone: epoch ``epoch`` of the reference config's plan (as
     ``rnntrain train`` plans it for one rank), each batch split into tasks exactly as the
     step splits it for ``workers`` workers (``split_tasks``, the precision's cost model,
-    ``train.tasks_per_worker``'s default), every task computed by the training
+    ``compute.tasks_per_worker``'s default), every task computed by the training
     ``TaskComputer`` on one thread, one after the other, with no pool, reduce or update
     around it.
     → useful GFLOP/s over the real frames, tasks, batches, mean sequences per task, and
@@ -100,7 +100,7 @@ def same_tasks_gflops(data: "os.PathLike", precision: str, workers: int, epoch: 
     from bench import ceiling
     from rnntrain.compute.model import CTCModel, training_flops_per_frame
     from rnntrain.compute.tasks import TaskComputer, cost_model_for
-    from rnntrain.config import TrainConfig
+    from rnntrain.config import ComputeConfig
     from rnntrain.data.dataset import Dataset
     from rnntrain.data.plan import make_plan
     torch.manual_seed(0)
@@ -108,7 +108,7 @@ def same_tasks_gflops(data: "os.PathLike", precision: str, workers: int, epoch: 
     model = CTCModel(ds.input_size, ds.num_labels, wl.REF_LAYERS, wl.REF_HIDDEN, True)
     model.train()
     comp = TaskComputer(model, torch.device("cpu"), precision=precision)
-    per_worker = TrainConfig().tasks_per_worker  # the reference config leaves it at that
+    per_worker = ComputeConfig().tasks_per_worker  # the reference config leaves it at that
     keep = ds.feasible()  # as training keeps them (no subsampling here)
     plan = make_plan(ds, keep, wl.REF_BATCH_FRAMES, wl.REF_SEED, epoch)
     payload = {}
@@ -151,7 +151,7 @@ def run(quick: bool = False) -> str:
     loops, alone = {}, {}
     for p in ("fp32", "bf16"):
         before = same_tasks_gflops(ref, p, cores)
-        loops[p] = wl.run_rnntrain(cfg, [f"train.epochs={epochs}", f"train.precision={p}"],
+        loops[p] = wl.run_rnntrain(cfg, [f"train.epochs={epochs}", f"compute.precision={p}"],
                                    folder / f"run_{p}")
         after = same_tasks_gflops(ref, p, cores)
         loops[p]["frames_per_s"] = timed_fps(loops[p])
@@ -205,7 +205,7 @@ def run(quick: bool = False) -> str:
         f"| the model's step alone, bf16, 1 thread, fixed shape (N=20, T=300) | "
         f"{kern['bf16']:.1f} GFLOP/s ({kern['bf16'] / kern['fp32']:.2f}x fp32) |",
         alone_row("bf16"),
-        loop_row("bf16", '`train.precision = "bf16"`'),
+        loop_row("bf16", '`compute.precision = "bf16"`'),
         f"| **bf16: share of the fp32 cap** | **{useful['bf16'] / cap_gflops:.0%}** "
         f"({bf16['frames_per_s'] / issue_cap_fps:.0%} of the issue's 8,500 frames/s) |",
         f"| peak RSS of `rnntrain train` (whole process) | {lstm['maxrss_mb']:,.0f} MB fp32, "
@@ -215,8 +215,8 @@ def run(quick: bool = False) -> str:
         f"**{peep['frames_per_s'] / peep_lstm['frames_per_s']:.2f}x** (goal >= 0.5x) |", "",
         "- reference model: 3-layer BLSTM, 256 per direction, 40 inputs, 30 labels + blank; "
         f"{'60' if quick else '240'} sequences of speech-like lengths (median 300 frames), "
-        f"`train.batch_frames = {wl.REF_BATCH_FRAMES}`, {epochs} epochs (the mean of all but "
-        "the first timed), Adam, `train.allocator = \"cache\"` (the default; the steps "
+        f"`batch.batch_frames = {wl.REF_BATCH_FRAMES}`, {epochs} epochs (the mean of all but "
+        "the first timed), Adam, `compute.allocator = \"cache\"` (the default; the steps "
         "alone run under the same policy). Useful FLOPs count only the matmuls of the model "
         "on real frames (no padding, no elementwise gate math), forward + backward = 3 x "
         "forward; the issue quotes 22.4 MFLOP per frame, this formula gives "

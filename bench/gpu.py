@@ -44,8 +44,8 @@ def end_to_end(path: str, device: str, precision: str, budget: int, layers: int,
     from rnntrain.run.train import train
     cfg = load_config(None, [f"data.train={json.dumps(path)}", f"model.layers={layers}",
                              f"model.hidden={hidden}", "train.epochs=2",
-                             f"train.batch_frames={budget}", f"train.precision={precision}",
-                             f"train.device={device}", "train.log_every=1000000",
+                             f"batch.batch_frames={budget}", f"compute.precision={precision}",
+                             f"compute.device={device}", "log.every_steps=1000000",
                              f"run.dir={json.dumps(run_dir)}", "checkpoint.every_minutes=1e6"])
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
@@ -74,7 +74,7 @@ def ceiling(path: str, device: str, precision: str, budget: int, layers: int,
     for k in range(len(ds.chunks)):
         frames.update(ds.load_chunk(k))
     batches, real = [], 0
-    for step in plan:  # one worker, train.tasks_per_worker = 2: the trainer's split
+    for step in plan:  # one worker, compute.tasks_per_worker = 2: the trainer's split
         for g in split_tasks(step.seqs, ds.lengths, 2):
             g = sorted(g, key=lambda s: -int(ds.lengths[s]))
             x, lengths = collate([frames[s] for s in g])

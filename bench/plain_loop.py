@@ -13,7 +13,7 @@ default intra-op threads (one per core) and one thread. It runs in two variants:
   linear and CTC. On the CPU, the packed backward is a per-time-step loop: slow.
 
 rnntrain runs as a user runs it (``rnntrain train CONFIG``, a fresh process). With
-``train.precision = "bf16"`` both sides run the model under ``torch.autocast`` (bf16
+``compute.precision = "bf16"`` both sides run the model under ``torch.autocast`` (bf16
 matmuls, CTC in fp32). Frames are real frames (padding not counted); padding is padded
 frames / real frames (1.00 = none).
 
@@ -146,14 +146,14 @@ def compare(name: str, data, config, overrides: list[str], folder, max_s: float,
     with torch's default threads for about ``stock_s`` seconds."""
     from rnntrain.config import load_config
     cfg = load_config(config, overrides)
-    prec = cfg.train.precision
+    prec = cfg.compute.precision
     ours = wl.run_rnntrain(config, overrides, folder / f"run_{name}_{prec}")
     plain = best_plain_loop(data, cfg.model, cfg.optim, cfg.train.seed, max_s, prec,
                             one_thread_s)
     stock = plain_loop(data, cfg.model, cfg.optim, cfg.train.seed, stock_s,
                        os.cpu_count() or 1, prec, stock=True) if stock_s else None
     return {"name": name, "cfg": cfg, "ours": ours, "plain": plain, "stock": stock,
-            "ours_pad": rnntrain_padding(data, cfg.train.batch_frames, cfg.train.seed)}
+            "ours_pad": rnntrain_padding(data, cfg.batch.batch_frames, cfg.train.seed)}
 
 
 def _others(row) -> str:
@@ -175,7 +175,7 @@ def run(quick: bool = False) -> str:
     one_s = 5.0 if quick else 10.0
     rows.append(compare("reference", ref, ref_cfg, ["train.epochs=2"], folder, max_s,
                         stock_s=5.0 if quick else 30.0, one_thread_s=one_s))
-    rows.append(compare("reference", ref, ref_cfg, ["train.epochs=2", "train.precision=bf16"],
+    rows.append(compare("reference", ref, ref_cfg, ["train.epochs=2", "compute.precision=bf16"],
                         folder, max_s, one_thread_s=one_s))
 
     m = wl.machine()
@@ -192,7 +192,7 @@ def run(quick: bool = False) -> str:
            "`pack_padded_sequence`, whose CPU backward is a per-time-step loop. "
            "rnntrain: `rnntrain train` in a fresh process, length-grouped batches, one worker "
            "thread per core, the reader thread loading from the .nc file (timed). bf16: "
-           "`train.precision = \"bf16\"` for rnntrain, `torch.autocast(\"cpu\", "
+           "`compute.precision = \"bf16\"` for rnntrain, `torch.autocast(\"cpu\", "
            "torch.bfloat16)` around the plain loop's model (both keep CTC in fp32).", "",
            "| workload | precision | rnntrain frames/s | rnntrain padding | plain, same kernels: "
            "frames/s | padding | **speed-up** | plain, stock: frames/s | speed-up |",
@@ -202,7 +202,7 @@ def run(quick: bool = False) -> str:
         st = r["stock"]
         stock = (f"{st['frames_per_s']:,.0f} | {r['ours']['frames_per_s'] / st['frames_per_s']:.1f}x"
                  if st else "- | -")
-        out.append(f"| {r['name']} | {r['cfg'].train.precision} | "
+        out.append(f"| {r['name']} | {r['cfg'].compute.precision} | "
                    f"{r['ours']['frames_per_s']:,.0f} | {r['ours_pad']:.2f} | "
                    f"{r['plain']['frames_per_s']:,.0f} | {r['plain']['padding']:.2f} | "
                    f"**{ratio:.2f}x** | {stock} |")
@@ -210,11 +210,11 @@ def run(quick: bool = False) -> str:
     st = rf["stock"]
     out += ["",
             f"- default: `configs/default.toml` (2x128 BLSTM, batch_frames "
-            f"{d['cfg'].train.batch_frames}) on `rnntrain-data synth` data "
+            f"{d['cfg'].batch.batch_frames}) on `rnntrain-data synth` data "
             f"({'500' if quick else '2000'} sequences, 20 inputs, 20 labels), one epoch. "
             "Goal (issue 2): >= 2x from length grouping.",
             f"- reference: 3-layer BLSTM, 256 per direction, 40 inputs, 30 labels + blank, "
-            f"batch_frames {rf['cfg'].train.batch_frames}, "
+            f"batch_frames {rf['cfg'].batch.batch_frames}, "
             f"{'60' if quick else '240'} sequences with speech-like log-normal lengths "
             "(median 300 frames); rnntrain's second epoch is timed. Goal (issue 8): >= 3.5x "
             "the plain loop.",

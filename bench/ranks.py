@@ -40,9 +40,15 @@ CONFIG = """[data]
 train = "{train}"
 [train]
 epochs = {epochs}
+
+[compute]
 threads = 1
 intra_threads = 1
-log_every = 5
+
+[log]
+every_steps = 5
+
+[batch]
 batch_frames = {batch_frames}
 """
 
@@ -82,14 +88,14 @@ def _metrics(run_dir: Path) -> dict:
 
 
 # our sharding (length-grouped global batches dealt across ranks) vs the naive random one
-# (each rank batches its own random 1/N of the data): ``train.plan`` strategies
+# (each rank batches its own random 1/N of the data): ``batch.plan`` strategies
 STRATEGY = {"ours": "auto", "random": "random"}
 
 
 def _train(n: int, config: Path, run_dir: Path, *overrides: str, sharding: str = "ours",
            engine: str = "mpi"):
     args = ["-m", "rnntrain", "train", str(config), f"run.dir={run_dir}",
-            f"train.plan={STRATEGY[sharding]}", *overrides]
+            f"batch.plan={STRATEGY[sharding]}", *overrides]
     t0 = time.perf_counter()
     _launch(n, args, engine=engine)
     m = _metrics(run_dir)
@@ -424,20 +430,20 @@ def ceiling_steps(data: Path, batch_frames: int, world: int, steps: int, epochs:
     from bench import ceiling
     from rnntrain.compute.model import CTCModel
     from rnntrain.compute.tasks import cost_model_for
-    from rnntrain.config import ModelConfig, TrainConfig
+    from rnntrain.config import ComputeConfig, ModelConfig, TrainConfig
     from rnntrain.data.dataset import Dataset
     from rnntrain.data.plan import make_plan
     ds = Dataset.open(str(data))
-    tc, mc = TrainConfig(), ModelConfig()
+    tc, cc, mc = TrainConfig(), ComputeConfig(), ModelConfig()
     model = CTCModel(ds.input_size, ds.num_labels, mc.layers, mc.hidden, mc.bidirectional)
     cost = cost_model_for(model)
     plan = [b for e in range(epochs) for b in make_plan(
         ds, ds.feasible(), batch_frames, tc.seed, e, 0, 1, batch_multiple=world)][:steps]
     batches = [b.seqs for b in plan]
     return ds, model, {"1 rank": ceiling.thread_steps(batches, ds.lengths, 1,
-                                                      tc.tasks_per_worker, cost),
+                                                      cc.tasks_per_worker, cost),
                        f"{world} ranks": ceiling.rank_steps(batches, ds.lengths, world,
-                                                            tc.tasks_per_worker, cost)}, \
+                                                            cc.tasks_per_worker, cost)}, \
         sorted({b.chunk for b in plan})
 
 
@@ -479,7 +485,7 @@ def reference_rows(work: Path, rounds: int, quick: bool) -> list[str]:
     n_seqs = 60 if quick else 160
     data = wl.reference_data(work, n_seqs)
     cfg = wl.reference_config(work, data)
-    ov = ("train.epochs=2", "train.threads=1", "train.intra_threads=1", "train.log_every=3")
+    ov = ("train.epochs=2", "compute.threads=1", "compute.intra_threads=1", "log.every_steps=3")
     best: dict[int, dict] = {}
     for k in range(rounds):
         for n in (1, 2):
@@ -487,7 +493,7 @@ def reference_rows(work: Path, rounds: int, quick: bool) -> list[str]:
             if n not in best or m["frames_per_s"] > best[n]["frames_per_s"]:
                 best[n] = m
     one, two = best[1], best[2]
-    out = ["Reference model (3x256 BLSTM, 40 inputs, 31 classes; `train.batch_frames = "
+    out = ["Reference model (3x256 BLSTM, 40 inputs, 31 classes; `batch.batch_frames = "
            f"12000`, {n_seqs} sequences of speech-like lengths, two epochs, windows of 3 "
            "steps after the first), the same way:", "",
            "| run | frames/s | speed-up | step s | compute s | exchange s (incl. wait) "

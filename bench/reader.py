@@ -67,7 +67,7 @@ def train_cli(args: list[str]) -> tuple[int, float]:
 
 def rss_section(work: Path, quick: bool) -> list[str]:
     small_mb = 120 if quick else 200
-    # 800 bytes per frame, 40 MB chunks. Under train.allocator = "system" chunks of 32 MB
+    # 800 bytes per frame, 40 MB chunks. Under compute.allocator = "system" chunks of 32 MB
     # and more are mmap'ed by glibc and returned to the OS when released; under "cache"
     # (the default) every chunk comes from the one heap, and the loop's trim at each chunk
     # switch (allocator.trim) hands the freed ones back.
@@ -76,8 +76,8 @@ def rss_section(work: Path, quick: bool) -> list[str]:
     small = write_random(work / "small.nc", frames, features, 1)
     large = write_random(work / "large.nc", 10 * frames, features, 2)
     common = ["configs/default.toml", "data.val=", "model.layers=1", "model.hidden=16",
-              "model.bidirectional=false", "train.epochs=1", "train.batch_frames=20000",
-              f"data.chunk_frames={chunk_frames}", "train.log_every=1000"]
+              "model.bidirectional=false", "train.epochs=1", "batch.batch_frames=20000",
+              f"data.chunk_frames={chunk_frames}", "log.every_steps=1000"]
     res = {}
     for name, path in (("small", small), ("large", large)):
         res[name] = train_cli(common + [f"data.train={path}", f"run.dir={work / name}"])
@@ -110,7 +110,7 @@ def wait_section(work: Path, quick: bool) -> list[str]:
                               ("manifest, chunks of 10,000 frames (sha256 checked)", man, [])):
         run_dir = work / f"wait-{len(rows)}"
         args = ["configs/default.toml", f"data.train={data}", "data.val=", "train.epochs=1",
-                "train.log_every=1", f"run.dir={run_dir}", *extra]
+                "log.every_steps=1", f"run.dir={run_dir}", *extra]
         train_cli(args)
         recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         recs = [r for r in recs if r["split"] == "train"]

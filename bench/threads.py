@@ -26,7 +26,7 @@ import time
 
 from rnntrain.compute import allocator
 
-# as `rnntrain train` does (train.allocator), before torch starts threads; run() repeats
+# as `rnntrain train` does (compute.allocator), before torch starts threads; run() repeats
 # the rows under the other policy in a child process
 ALLOCATOR = os.environ.get("RNNTRAIN_BENCH_ALLOCATOR", "cache")
 allocator.configure(ALLOCATOR)
@@ -43,7 +43,7 @@ from rnntrain.decode.score import edit_ops_reference
 from bench import ceiling
 
 SETTINGS = ((1, 1), (1, 2), (2, 1))   # (threads, intra_threads)
-TASKS_PER_WORKER = 2                  # train.tasks_per_worker's default
+TASKS_PER_WORKER = 2                  # compute.tasks_per_worker's default
 
 
 PY_EDIT = (2, 1, "python")           # 2x1 with the per-sequence Python edit distance
@@ -245,7 +245,7 @@ def _sections(quick: bool, lines: list[str], ceiling_too: bool = True
 
 
 def _other_allocator(quick: bool) -> tuple[str, dict | str]:
-    """The same rows under the other ``train.allocator`` policy, in a child process (the
+    """The same rows under the other ``compute.allocator`` policy, in a child process (the
     policy is fixed once a process has started its threads) → (policy, rows), or
     (policy, the child's error) when it failed."""
     other = "system" if ALLOCATOR == "cache" else "cache"
@@ -263,7 +263,7 @@ def run(quick: bool = False) -> str:
     lines = ["## Worker threads x intra-op threads (CPU)", "",
              f"Real training steps (task split, forward, CTC, backward, fixed-order reduce, "
              f"Adam) on {cores} cores, torch {torch.__version__}, memory allocator policy "
-             f"`train.allocator = \"{ALLOCATOR}\"` (what `rnntrain train` uses by default). "
+             f"`compute.allocator = \"{ALLOCATOR}\"` (what `rnntrain train` uses by default). "
              f"Reproduce: `python -m bench.threads{' --quick' if quick else ''}`.", ""]
     mine = _sections(quick, lines)
     lines += ["`torch.set_num_threads` is process-wide in this torch (measured: a worker that "
@@ -271,7 +271,7 @@ def run(quick: bool = False) -> str:
               "intra-op count once for all workers.", ""]
     other, rows = _other_allocator(quick)
     if isinstance(rows, str):
-        lines += [f"The rows under `train.allocator = \"{other}\"` were not measured: its "
+        lines += [f"The rows under `compute.allocator = \"{other}\"` were not measured: its "
                   f"child process failed ({rows}).", ""]
     else:
         lines += ["### The same rows under each allocator policy", "",

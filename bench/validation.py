@@ -36,7 +36,7 @@ keep = ds.feasible(total_subsample(cfg.model))
 fps = []
 for _ in range(3):
     t0 = time.perf_counter()
-    c = evaluate(model, ds, keep, cfg.train.batch_frames, dev)["best"]
+    c = evaluate(model, ds, keep, cfg.batch.batch_frames, dev)["best"]
     fps.append(c.frames / (time.perf_counter() - t0))
 print(json.dumps({"fps": fps, "summary": c.summary()}))
 """

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # The reference model of issue 8: 3-layer BLSTM, 256 per direction, 40 inputs, 30 labels.
 REF_INPUTS, REF_LABELS, REF_LAYERS, REF_HIDDEN = 40, 30, 3, 256
-REF_BATCH_FRAMES, REF_SEED = 12000, 1  # the reference config's train.batch_frames, train.seed
+REF_BATCH_FRAMES, REF_SEED = 12000, 1  # the reference config's batch.batch_frames, train.seed
 
 
 def workdir() -> Path:
@@ -82,7 +82,7 @@ def run_rnntrain(config: Path, overrides: list[str], run_dir: Path,
     Returns frames_per_s (real frames over the epoch's loop time, as rnntrain reports it,
     of the last epoch), maxrss_mb (peak resident memory of the process) and the command.
     """
-    args = ["train", str(config), *overrides, f"run.dir={run_dir}", "train.log_every=1000000"]
+    args = ["train", str(config), *overrides, f"run.dir={run_dir}", "log.every_steps=1000000"]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, "-c", _RUNNER, *args], capture_output=True,
                        text=True, timeout=timeout, env=env, cwd=ROOT)

@@ -36,7 +36,7 @@ NO_EQUIVALENT = {
     "actSmoothing": ("0", "activation smoothing penalty is not supported"),
     "actDecay": ("0", "activation decay penalty is not supported"),
     "batchLearn": ("false", "full-batch learning is not supported; batches are "
-                            "train.batch_frames"),
+                            "batch.batch_frames"),
     "nBest": ("1", "n-best decoding is not supported; rnntrain decode does best path or "
                    "beam search"),
     "fixedLength": ("-1", "fixed-length decoding is not supported"),
@@ -197,14 +197,14 @@ def convert(entries: dict[str, str], source: str = "config",
             f"seqsPerWeightUpdate {per_update} x mean length {mean:.0f} frames")
         if per_update == 1:
             warn.append("seqsPerWeightUpdate 1: one sequence per update (as in RNNLIB) is "
-                        "slow; raise train.batch_frames (and lower optim.lr) to train faster")
+                        "slow; raise batch.batch_frames (and lower optim.lr) to train faster")
     else:
         budget = per_update * 1000
         put("train", "batch_frames", budget,
             f"seqsPerWeightUpdate {per_update} x 1000 (training file not readable here)")
         warn.append(f"seqsPerWeightUpdate {per_update}: rnntrain batches by frames; the "
                     f"training file could not be read to measure the mean sequence length, "
-                    f"so train.batch_frames = {budget}: set it to about {per_update} x your "
+                    f"so batch.batch_frames = {budget}: set it to about {per_update} x your "
                     f"mean sequence length")
     epochs = _num(get("totalEpochs", "-1"), "totalEpochs", source, int)
     if epochs <= 0:

@@ -55,7 +55,7 @@ fi
 # the printed-lines model (configs/printed_lines.toml) with larger batches: the lines are
 # 700 columns wide on average
 common=(data.train="$OUT/train.nc" data.test="$OUT/test.nc" train.epochs="$EPOCHS"
-        train.batch_frames=12000 log.progress=lines)
+        batch.batch_frames=12000 log.progress=lines)
 START=$(date +%s)
 if [ ! -e "$RUN/single/checkpoints/last.pt" ] || \
         ! grep -q '"finished"' "$RUN/single/status.json" 2>/dev/null; then

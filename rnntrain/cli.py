@@ -51,7 +51,7 @@ def _train(args):
         from rnntrain import trace
         trace.configure(args.trace, trace.parse_window(args.trace_steps))
     from rnntrain.compute import allocator
-    allocator.configure(cfg.train.allocator)  # before torch starts any thread
+    allocator.configure(cfg.compute.allocator)  # before torch starts any thread
     from rnntrain.run.train import train  # torch: imported once the arguments are known to be good
     train(cfg, args.config, args.overrides, resume=args.resume)
 
@@ -73,7 +73,7 @@ def _load_for_eval(checkpoint: str, data: str, device: str, need_targets: bool =
     from rnntrain.compute import allocator
     # the run's memory policy for the forward passes too (before any worker thread starts):
     # the reference model's eval ran 20 % faster with "cache" (docs/threads.md)
-    allocator.configure(cfg.train.allocator)
+    allocator.configure(cfg.compute.allocator)
     ds = Dataset.open(data, cfg.data.chunk_frames, need_targets=False)
     if need_targets and not ds.has_targets:
         raise DataError(data, "missing variable: no targets to score against (rnntrain "
@@ -151,7 +151,7 @@ def _cmd_eval(args) -> int:
     # set's alphabet) are scored against their full text
     from rnntrain.data.ncdata import full_targets
     full = full_targets(args.data, model.labels)
-    counts = evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, dev,
+    counts = evaluate(model, ds, keep, args.batch_frames or cfg.batch.batch_frames, dev,
                       decoder=decoder, space=space, threads=threads, workers=threads,
                       vote=vote, on_hyp=hyps.__setitem__ if args.details else None,
                       full_targets=full[0] if full else None)
@@ -221,7 +221,7 @@ def _cmd_decode(args) -> int:
     labels = model.labels
     # every sequence is decoded: a target (absent, or a placeholder) is not needed for that
     keep = np.ones(ds.num_seqs, dtype=bool)
-    batch = args.batch_frames or cfg.train.batch_frames
+    batch = args.batch_frames or cfg.batch.batch_frames
     full = args.full or args.nbest > 1
     if (args.json or full) and vote is not None:
         raise UserError("--combine vote gives the voted labels only: --json, --full and "
@@ -347,7 +347,7 @@ def _cmd_calibrate(args) -> int:
     cfg, ds, model, dev = _load_for_eval(str(path), args.data, args.device)
     decoder, _, threads = _decoding(args, ds, model)
     keep = ds.feasible(total_subsample(cfg.model))
-    batch = args.batch_frames or cfg.train.batch_frames
+    batch = args.batch_frames or cfg.batch.batch_frames
     if args.check:  # the stored temperature on held-out data: nothing is fitted or stored
         from rnntrain.infer.model import check_calibration
         from rnntrain.run import checkpoint as ckpt
@@ -423,6 +423,18 @@ def _cmd_init(args) -> int:
     return write_example(args.name or "default", args.out, args.force, args.list)
 
 
+class _HelpConfig(argparse.Action):
+    """``train --help-config``: like --help, prints and exits at once."""
+
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from rnntrain.config import explain
+        print(explain())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     from rnntrain.cli_decode import add_decoder_arguments, add_output_arguments
     p = Parser(prog="rnntrain", description="Train LSTM-CTC sequence models (speech, "
@@ -449,6 +461,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "every thread and rank for a window of steps")
     t.add_argument("--trace-steps", metavar="A:B", default="1:11",
                    help="global steps A <= step < B to trace (default 1:11)")
+    t.add_argument("--help-config", action=_HelpConfig,
+                   help="print every config key (type, default, limits, description) and exit")
     t.set_defaults(overrides=[])
     for name, hlp in (("eval", "score a checkpoint on a dataset"),
                       ("decode", "print tag and hypothesis per sequence")):
@@ -460,7 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
                        (" (targets optional)" if name == "decode" else ""))
         e.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
         e.add_argument("--batch-frames", type=non_negative_int, default=0,
-                       help="padded frames per batch (0 = the checkpoint's train.batch_frames)")
+                       help="padded frames per batch (0 = the checkpoint's batch.batch_frames)")
         add_decoder_arguments(e)
         _add_combine(e)
         if name == "eval":
@@ -491,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print the fit as JSON")
     c.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     c.add_argument("--batch-frames", type=non_negative_int, default=0,
-                   help="padded frames per batch (0 = the checkpoint's train.batch_frames)")
+                   help="padded frames per batch (0 = the checkpoint's batch.batch_frames)")
     add_decoder_arguments(c)
     u = sub.add_parser("tune-decoder", help="search LM weight and word bonus on a "
                        "validation set", description="Runs the network once over DATA, then "
@@ -501,7 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("data", help="validation .nc file or dataset manifest")
     u.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     u.add_argument("--batch-frames", type=non_negative_int, default=0,
-                   help="padded frames per batch (0 = the checkpoint's train.batch_frames)")
+                   help="padded frames per batch (0 = the checkpoint's batch.batch_frames)")
     add_decoder_arguments(u)
     u.add_argument("--lm-weights", default="0,0.25,0.5,0.75,1,1.5,2",
                    help="comma-separated LM weights to try")

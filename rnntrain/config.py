@@ -7,9 +7,13 @@ component receives only its own section.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
 import json
 import math
+import sys
+import textwrap
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -49,136 +53,231 @@ Frontend = Literal["none", "conv"]
 ConvNorm = Literal["group", "none"]
 
 
+class Section:
+    """A config section: a dataclass whose fields are its keys, each documented by the
+    string literal under it (``rnntrain train --help-config`` prints them). Frozen once
+    validated (``freeze``): what runs reads the config it was started with, and a changed
+    copy is ``dataclasses.replace(section, key=value)``."""
+    _frozen = False
+
+    def __setattr__(self, name, value):
+        if self._frozen:
+            raise dataclasses.FrozenInstanceError(
+                f"cannot assign to {type(self).__name__}.{name}: config sections are frozen "
+                "after validation (dataclasses.replace makes a changed copy)")
+        object.__setattr__(self, name, value)
+
+
 @dataclass
-class DataConfig:
-    train: str = ""              # .nc file or dataset manifest.json
-    val: str = ""                # validation set (same alphabet and inputPattSize)
-    test: str = ""               # optional: scored with the best checkpoint after training
-    chunk_frames: int = positive(2_000_000)  # virtual chunk size when a single .nc file is given
-    # cross-validation (``rnntrain crossfold``): split data.train into this many folds
-    # (rnntrain.data.folds; a function of train.seed), train on all but data.fold and
-    # validate on data.fold (data.val stays empty); 0 = off
+class DataConfig(Section):
+    """The data: training, validation and test sets."""
+    train: str = ""
+    """.nc file or dataset manifest.json (``rnntrain-data shard``)"""
+    val: str = ""
+    """validation set (same alphabet and inputPattSize); "" = none"""
+    test: str = ""
+    """optional: scored with the best checkpoint after training"""
+    chunk_frames: int = positive(2_000_000)
+    """frames per chunk read at a time from a single .nc file (the reader holds two)"""
     folds: int = non_negative(0)
-    fold: int = non_negative(0)  # the held-out fold, 0 .. folds-1
+    """cross-validation (``rnntrain crossfold``): split data.train into this many folds
+    (rnntrain.data.folds; a function of train.seed), train on all but data.fold and
+    validate on data.fold (data.val stays empty); 0 = off"""
+    fold: int = non_negative(0)
+    """the held-out fold, 0 .. folds-1"""
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(Section):
+    """The network: an optional convolutional front end, LSTM layers, the CTC output."""
     layers: int = positive(2)
-    hidden: int = positive(128)  # units per direction
+    """LSTM layers"""
+    hidden: int = positive(128)
+    """units per direction"""
     bidirectional: bool = True
-    subsample: int = positive(1)  # stack this many frames into one (speech: 3 is typical)
-    cell: Cell = "lstm"          # "lstm" (cuDNN/oneDNN) or "peephole" (RNNLIB's cell)
+    """BLSTM (true) or forward-only LSTM layers"""
+    subsample: int = positive(1)
+    """stack this many frames into one (speech: 3 is typical)"""
+    cell: Cell = "lstm"
+    """"lstm" (cuDNN/oneDNN) or "peephole" (RNNLIB's cell)"""
     dropout: float = field(default=0.0, metadata={"ge": 0, "lt": 1, "finite": True})
-    # convolutional front end (images: columns of pixels; 1-D data: time convolution)
-    frontend: Frontend = "none"  # "none" or "conv" (conv blocks, then the LSTM layers)
+    """dropout between LSTM layers"""
+    frontend: Frontend = "none"
+    """"none" or "conv" (convolution blocks, then the LSTM layers; images: columns of
+    pixels; 1-D data: time convolution)"""
     conv_channels: list[int] = field(default_factory=lambda: [16, 32, 48, 64])
-    conv_kernel: int = positive(3)  # odd; k x k (1 x k on 1-D data)
-    conv_pool_h: list[int] = field(default_factory=lambda: [2, 2, 2, 1])  # height pooling
-    conv_pool_w: list[int] = field(default_factory=lambda: [2, 2, 1, 1])  # width (time)
-    conv_norm: ConvNorm = "group"  # "group" (per image, over valid columns) or "none"
-    conv_dropout: float = field(default=0.0, metadata={"ge": 0, "lt": 1, "finite": True})  # after each block
+    """output channels of each convolution block (one entry per block)"""
+    conv_kernel: int = positive(3)
+    """odd; k x k (1 x k on 1-D data)"""
+    conv_pool_h: list[int] = field(default_factory=lambda: [2, 2, 2, 1])
+    """height pooling of each block"""
+    conv_pool_w: list[int] = field(default_factory=lambda: [2, 2, 1, 1])
+    """width (time) pooling of each block: subsamples time"""
+    conv_norm: ConvNorm = "group"
+    """"group" (per image, over valid columns) or "none\""""
+    conv_dropout: float = field(default=0.0, metadata={"ge": 0, "lt": 1, "finite": True})
+    """channel dropout after each block"""
 
 
 @dataclass
-class OptimConfig:
-    name: Optimizer = "adam"     # "adam" or "sgd" (RNNLIB: sgd, lr 1e-4, momentum 0.9, sum)
+class OptimConfig(Section):
+    """The optimizer and its learning-rate schedule."""
+    name: Optimizer = "adam"
+    """"adam" or "sgd" (RNNLIB: sgd, lr 1e-4, momentum 0.9, normalize "sum")"""
     lr: float = positive(1e-3, finite=True)
-    momentum: float = non_negative(0.9, finite=True)      # sgd only
+    """learning rate"""
+    momentum: float = non_negative(0.9, finite=True)
+    """sgd only"""
     weight_decay: float = non_negative(0.0, finite=True)
-    clip_norm: float = non_negative(0.0, finite=True)     # global gradient-norm clipping; 0 = off
-    normalize: Normalize = "sequences"  # loss normalisation: "sum" (RNNLIB), "sequences", "frames"
+    """L2 weight decay"""
+    clip_norm: float = non_negative(0.0, finite=True)
+    """global gradient-norm clipping; 0 = off"""
+    normalize: Normalize = "sequences"
+    """loss normalisation: "sum" (RNNLIB), "sequences", "frames" (global counts)"""
     schedule: Schedule = "constant"
+    """"constant", "cosine" or "step\""""
     warmup_steps: int = non_negative(0)
-    step_epochs: int = positive(10)  # "step" schedule: multiply lr by step_gamma every N epochs
-    step_gamma: float = positive(0.5, finite=True)  # (<= 0 would make the lr 0 or negative)
-    min_lr: float = non_negative(0.0, finite=True)        # "cosine" schedule floor
+    """linear warm-up over this many steps"""
+    step_epochs: int = positive(10)
+    """"step" schedule: multiply lr by step_gamma every N epochs"""
+    step_gamma: float = positive(0.5, finite=True)
+    """"step" schedule factor"""
+    min_lr: float = non_negative(0.0, finite=True)
+    """"cosine" schedule floor"""
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Section):
+    """How long to train, with which seed, when to validate and stop; fine-tuning and
+    weight averaging."""
     epochs: int = positive(10)
-    batch_frames: int = positive(8000)       # padded frames per (global) batch
-    # below 2**32: the plan's generator keeps the low 32 bits (larger seeds would alias
-    # smaller ones) and torch.manual_seed overflows past 2**64
+    """passes over the training data"""
     seed: int = field(default=1, metadata={"ge": 0, "lt": 2**32})
-    input_noise: float = non_negative(0.0, finite=True)   # Gaussian noise std added to inputs (RNNLIB inputNoiseDev)
-    threads: int = non_negative(0)   # worker threads; 0 = fill this rank's cores (cores / intra_threads)
-    intra_threads: int = positive(1)  # torch intra-op threads per worker (one process-wide setting)
-    tasks_per_worker: int = positive(2)      # micro-batches per worker per batch (load balance)
-    device: str = "auto"         # "auto", "cpu", "cuda", "cuda:N" (checked by check_device)
-    precision: Precision = "fp32"  # CUDA autocast (fp16 needs CUDA); CTC stays fp32
-    round_lengths: int = non_negative(0)  # pad batches to a ladder of N lengths per doubling; 0 = off
-    plan: PlanStrategy = "auto"  # epoch planner (rnntrain.data.plan): auto = sharded for manifests
-    # "length" plan: global batches hold a multiple of this many sequences where that many
-    # fit, so N ranks get equal shares; 0 = the number of ranks. 1 rank with N plans the
-    # batches of N ranks (the same weights as an N-rank run)
-    batch_multiple: int = non_negative(0)
-    deterministic: bool = True   # CUDA: deterministic cuDNN kernels (CPU always is)
-    max_bad_steps: int = positive(5)         # NaN/Inf steps in a row before the run stops
-    patience: int = non_negative(0)  # stop after N validations without improvement; 0 = never
-    log_every: int = positive(20)            # steps between metric lines
+    """seed of every random draw (weights, plans, noise); below 2**32: the plan's generator
+    keeps the low 32 bits (larger seeds would alias smaller ones)"""
+    input_noise: float = non_negative(0.0, finite=True)
+    """Gaussian noise std added to inputs (RNNLIB's inputNoiseDev)"""
+    max_bad_steps: int = positive(5)
+    """NaN/Inf steps in a row before the run stops"""
+    patience: int = non_negative(0)
+    """stop after N validations without improvement (RNNLIB's maxTestsNoBest); 0 = never"""
     val_every_epochs: int = positive(1)
-    # "cache": freed memory stays in the process for the next step's tensors (no page
-    # faults after the first steps; a higher resident peak); "system": glibc's defaults,
-    # large blocks go back to the kernel at once (rnntrain.compute.allocator). `rnntrain
-    # eval` and `decode` apply the checkpoint's policy too
-    allocator: Allocator = "cache"
-    # fine-tuning (rnntrain.run.finetune): a new run (its own optimizer, schedule and epochs)
-    # from the weights of this checkpoint or run folder; "" = random initial weights
+    """epochs between validations"""
     init_from: str = ""
-    # the output alphabet when fine-tuning: "keep" (must be the model's), "merge" (the
-    # model's labels plus the data's new ones), "replace" (the data's); rows of shared
-    # labels are kept
+    """fine-tuning (rnntrain.run.finetune): a new run (its own optimizer, schedule and
+    epochs) from the weights of this checkpoint or run folder; "" = random initial weights"""
     init_alphabet: InitAlphabet = "keep"
-    # parameters not trained: "frontend" (the conv front end), "lstm:K" (first K LSTM layers)
+    """the output alphabet when fine-tuning: "keep" (must be the model's), "merge" (the
+    model's labels plus the data's new ones), "replace" (the data's); rows of shared labels
+    are kept"""
     freeze: list[str] = field(default_factory=list)
-    # a weight average kept while training, which validation scores and best.pt holds for
-    # inference: "none", "ema" (exponential, every step), "last" (the last average_last
-    # epoch ends); rnntrain.run.average
+    """parameters not trained: "frontend" (the conv front end), "lstm:K" (the first K LSTM
+    layers)"""
     average: Average = "none"
+    """a weight average kept while training, which validation scores and best.pt holds for
+    inference: "none", "ema" (exponential, every step), "last" (the last average_last epoch
+    ends); rnntrain.run.average"""
     ema_decay: float = field(default=0.999, metadata={"gt": 0, "lt": 1})
+    """decay of the "ema" average per step"""
     average_last: int = positive(5)
+    """epoch ends the "last" average spans"""
 
 
 @dataclass
-class CheckpointConfig:
-    every_steps: int = non_negative(0)       # 0 = only at epoch ends
+class BatchConfig(Section):
+    """How sequences are grouped into batches (the epoch planner, rnntrain.data.plan)."""
+    batch_frames: int = positive(8000)
+    """padded frames per global batch (sequences x longest, all ranks together)"""
+    round_lengths: int = non_negative(0)
+    """pad batches to a ladder of N lengths per doubling (a GPU sees few shapes); 0 = off"""
+    plan: PlanStrategy = "auto"
+    """the epoch planner: "auto" (sharded for a manifest, else length), "length",
+    "sharded", "random\""""
+    batch_multiple: int = non_negative(0)
+    """"length" plan: global batches hold a multiple of this many sequences where that many
+    fit, so N ranks get equal shares; 0 = the number of ranks. 1 rank with N plans the
+    batches of N ranks (the same weights as an N-rank run)"""
+
+
+@dataclass
+class ComputeConfig(Section):
+    """Where and how each rank computes: device, precision, worker threads, memory."""
+    device: str = "auto"
+    """"auto", "cpu", "cuda", "cuda:N\""""
+    precision: Precision = "fp32"
+    """"fp32", "bf16" (CPU and CUDA autocast) or "fp16" (CUDA, loss scaling); CTC stays
+    fp32"""
+    deterministic: bool = True
+    """CUDA: deterministic cuDNN kernels (the CPU path always is)"""
+    threads: int = non_negative(0)
+    """worker threads; 0 = fill this rank's cores (cores / intra_threads)"""
+    intra_threads: int = positive(1)
+    """torch intra-op threads per worker (one process-wide setting)"""
+    tasks_per_worker: int = positive(2)
+    """micro-batches per worker per batch (load balance)"""
+    allocator: Allocator = "cache"
+    """"cache": freed memory stays in the process for the next step's tensors (no page
+    faults after the first steps; a higher resident peak); "system": glibc's defaults,
+    large blocks go back to the kernel at once (rnntrain.compute.allocator). ``rnntrain
+    eval`` and ``decode`` apply the checkpoint's policy too"""
+
+
+@dataclass
+class CheckpointConfig(Section):
+    """When checkpoints are written and how many are kept."""
+    every_steps: int = non_negative(0)
+    """a step checkpoint every N steps; 0 = only at epoch ends (and every_minutes)"""
     every_minutes: float = non_negative(10.0)
+    """a step checkpoint after this many minutes without one (inf = never)"""
     keep_last: int = positive(2)
+    """step checkpoints kept (best.pt and last.pt always are)"""
 
 
 @dataclass
-class DistConfig:
-    backend: DistBackend = "auto"  # from the launcher; "mpi"; "torch" (torchrun)
+class DistConfig(Section):
+    """Several ranks: the engine, the gradient exchange and its deadline."""
+    backend: DistBackend = "auto"
+    """"auto" (from the launcher), "mpi", "torch" (torchrun)"""
     mode: ExchangeMode = "allreduce"
-    wire: Precision = "fp32"     # gradient wire format
-    timeout_s: float = positive(120.0)  # a rank that does not arrive within this is reported dead
-    # the gradient exchange overlapped with the last task's backward, in buckets started in
-    # reverse parameter order as DDP does (torch backend, one worker per rank, allreduce,
-    # fp32 wire); "auto" = on for torchrun ranks on CUDA with one worker, else off
+    """"allreduce" (every rank updates) or "master" (rank 0 updates, then broadcasts)"""
+    wire: Precision = "fp32"
+    """gradient wire format: "fp32", "bf16", "fp16\""""
+    timeout_s: float = positive(120.0)
+    """a rank that does not arrive at a collective within this is reported dead"""
     overlap: Overlap = "auto"
-    bucket_mb: float = positive(25.0, finite=True)  # overlap bucket size (DDP's default)
+    """the gradient exchange overlapped with the last task's backward, in buckets started
+    in reverse parameter order as DDP does (torch backend, one worker per rank, allreduce,
+    fp32 wire); "auto" = on for torchrun ranks on CUDA with one worker, else off"""
+    bucket_mb: float = positive(25.0, finite=True)
+    """overlap bucket size (DDP's default)"""
 
 
 @dataclass
-class RunConfig:
-    dir: str = ""                # run folder; "" = runs/<name>-<overrides>-<hash>
-    name: str = ""               # names the default run folder (default: the config's name)
+class RunConfig(Section):
+    """The run folder."""
+    dir: str = ""
+    """run folder; "" = runs/<name>-<overrides>-<hash>"""
+    name: str = ""
+    """names the default run folder (default: the config file's name)"""
 
 
 @dataclass
-class LogConfig:
-    tensorboard: bool = False    # also write TensorBoard event files to <run.dir>/tensorboard
-    progress: Progress = "auto"  # "bar" (tqdm), "lines" (a plain line every train.log_every
-    #                              steps) or "auto": bar on a terminal, lines otherwise
+class LogConfig(Section):
+    """What training prints and writes besides checkpoints."""
+    every_steps: int = positive(20)
+    """steps between metric lines"""
+    tensorboard: bool = False
+    """also write TensorBoard event files to <run.dir>/tensorboard"""
+    progress: Progress = "auto"
+    """"bar" (tqdm), "lines" (a plain line every log.every_steps steps) or "auto": a bar
+    on a terminal, lines otherwise"""
 
 
 AugmentPreset = Literal["none", "lines", "speech"]
 
 
 @dataclass
-class AugmentConfig:
+class AugmentConfig(Section):
     """On-the-fly training augmentation (``rnntrain.augment``): the workers transform each
     training sequence just before collation, never stored; validation and test data are
     never augmented. Every draw is a function of (train.seed, epoch, sequence id) alone, so
@@ -240,16 +339,82 @@ class AugmentConfig:
 
 
 @dataclass
-class Config:
+class Config(Section):
+    """The whole experiment: one section per TOML table."""
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    compute: ComputeConfig = field(default_factory=ComputeConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     run: RunConfig = field(default_factory=RunConfig)
     log: LogConfig = field(default_factory=LogConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
+
+
+# Keys that moved out of [train] when it was split by concern: old key -> (section, key).
+# Still accepted (config files, overrides, checkpoints), named in one deprecation line.
+MOVED: dict[str, tuple[str, str]] = {
+    **{f.name: ("batch", f.name) for f in fields(BatchConfig)},
+    **{f.name: ("compute", f.name) for f in fields(ComputeConfig)},
+    "log_every": ("log", "every_steps"),
+}
+
+
+def freeze(cfg: Config) -> Config:
+    """Freeze every section (and the Config itself); returns ``cfg``."""
+    for f in fields(cfg):
+        object.__setattr__(getattr(cfg, f.name), "_frozen", True)
+    object.__setattr__(cfg, "_frozen", True)
+    return cfg
+
+
+def field_docs(cls) -> dict[str, str]:
+    """{key: the string literal under the field} of a section class (its source)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):  # no source (a frozen build): no descriptions
+        return {}
+    body, out = tree.body[0].body, {}
+    for a, b in zip(body, body[1:]):
+        if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and \
+                isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant) and \
+                isinstance(b.value.value, str):
+            out[a.target.id] = " ".join(b.value.value.split())
+    return out
+
+
+def _limits(f) -> str:
+    m = f.metadata
+    out = [f"{op} {m[k]}" for k, op in (("gt", ">"), ("ge", ">="), ("lt", "<")) if k in m]
+    return ", ".join(out + (["finite"] if m.get("finite") else []))
+
+
+def explain(width: int = 88) -> str:
+    """Every section and key: type, default, limits and description (``rnntrain train
+    --help-config``)."""
+    lines = ["Config keys (TOML tables; override any as section.key=value):", ""]
+    for sec in fields(Config):
+        cls = sec.default_factory
+        lines.append(f"[{sec.name}]  {(cls.__doc__ or '').strip().splitlines()[0]}")
+        docs, hints = field_docs(cls), get_type_hints(cls)
+        for f in fields(cls):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING \
+                else f.default
+            typ = hints[f.name]
+            kind = " | ".join(map(repr, choices(typ))) if choices(typ) else \
+                str(typ) if get_origin(typ) else typ.__name__
+            limits = _limits(f)
+            shown = default if isinstance(default, list) else toml_value(default)
+            lines.append(f"  {f.name} = {shown}    ({kind}{'; ' + limits if limits else ''})")
+            lines += textwrap.wrap(docs.get(f.name, ""), width, initial_indent=" " * 6,
+                             subsequent_indent=" " * 6)
+        lines.append("")
+    moved = ", ".join(f"train.{k} -> {s}.{n}" for k, (s, n) in MOVED.items())
+    lines += textwrap.wrap(f"Old keys still accepted: {moved}.", width)
+    return "\n".join(lines)
 
 
 def section_names() -> set[str]:
@@ -313,20 +478,34 @@ def _coerce(section: str, key: str, value: Any, typ) -> Any:
                       f"{type(value).__name__} {value!r}")
 
 
-def _apply(cfg: Config, table: dict, source: str):
+def _apply(cfg: Config, table: dict, source: str, moved: list[str] | None = None):
+    """Set the keys of ``table`` ({section: {key: value}}); an old [train] key (``MOVED``)
+    goes to its new place and is appended to ``moved``."""
     for section, values in table.items():
         if not hasattr(cfg, section) or section.startswith("_"):
             raise ConfigError(f"{source}: unknown section [{section}]; valid sections: "
                               f"{_valid_keys(cfg)}")
-        sec = getattr(cfg, section)
         if not isinstance(values, dict):
             raise ConfigError(f"{source}: [{section}] must be a table")
-        hints = get_type_hints(type(sec))
         for key, value in values.items():
-            if key not in hints:
+            sec_name, name = section, key
+            if section == "train" and key in MOVED:
+                sec_name, name = MOVED[key]
+                if moved is not None and f"train.{key}" not in moved:
+                    moved.append(f"train.{key}")
+            sec = getattr(cfg, sec_name)
+            hints = get_type_hints(type(sec))
+            if name not in hints:
                 raise ConfigError(f"{source}: unknown key {section}.{key}; valid keys of "
                                   f"[{section}]: {_valid_keys(sec)}")
-            setattr(sec, key, _coerce(section, key, value, hints[key]))
+            setattr(sec, name, _coerce(sec_name, name, value, hints[name]))
+
+
+def moved_note(moved: list[str]) -> str:
+    """The one deprecation line for old keys used (see ``MOVED``)."""
+    return ("rnntrain: note: " + ", ".join(f"{k} is now {'.'.join(MOVED[k[6:]])}"
+                                           for k in moved) +
+            " ([train] was split by concern; the old keys still work)")
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
@@ -365,7 +544,7 @@ def validate(cfg: Config):
                     v.encode("utf-8")
                 except UnicodeEncodeError:  # undecodable bytes from the command line
                     raise ConfigError(f"{key} = {v!r} is not valid UTF-8 text") from None
-    check_device(cfg.train.device)
+    check_device(cfg.compute.device, "compute.device")
     m = cfg.model
     if m.frontend == "conv":
         if not m.conv_channels or not (len(m.conv_channels) == len(m.conv_pool_h)
@@ -406,7 +585,7 @@ def validate(cfg: Config):
 
 
 def load_config(path: str | Path | None, overrides: list[str] = (), check: bool = True) -> Config:
-    cfg = Config()
+    cfg, moved = Config(), []
     if path is not None:
         p = Path(path)
         if not p.exists():
@@ -425,20 +604,24 @@ def load_config(path: str | Path | None, overrides: list[str] = (), check: bool 
             table = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{p}: not valid TOML ({e})") from None
-        _apply(cfg, table, str(p))
+        _apply(cfg, table, str(p), moved)
     for text in overrides:
         section, key, value = parse_override(text)
-        _apply(cfg, {section: {key: value}}, f"override {text!r}")
+        _apply(cfg, {section: {key: value}}, f"override {text!r}", moved)
+    if moved:
+        print(moved_note(moved), file=sys.stderr, flush=True)
     if check:
         validate(cfg)
+        freeze(cfg)
     return cfg
 
 
 def config_from_dict(table: dict) -> Config:
-    """Rebuild a Config saved in a checkpoint (same keys, no file)."""
+    """Rebuild a Config saved in a checkpoint (same keys, no file; a checkpoint written
+    before [train] was split has the old keys: they go to their new places). Frozen."""
     cfg = Config()
     _apply(cfg, table, "checkpoint config")
-    return cfg
+    return freeze(cfg)
 
 
 def to_dict(cfg: Config) -> dict:

@@ -1,4 +1,4 @@
-"""train.allocator: "cache" keeps freed memory in the process (no page faults when a step
+"""compute.allocator: "cache" keeps freed memory in the process (no page faults when a step
 allocates the same large tensors again) and changes no result."""
 from __future__ import annotations
 
@@ -66,8 +66,8 @@ def test_allocator_changes_no_weight(synth_pair, tmp_path):
     for mode in ("system", "cache"):
         run = tmp_path / mode
         p = run_cli("rnntrain", "train", f"data.train={train}", "model.layers=1",
-                    "model.hidden=16", "train.epochs=1", "train.batch_frames=600",
-                    f"train.allocator={mode}", "train.threads=2", f"run.dir={run}")
+                    "model.hidden=16", "train.epochs=1", "batch.batch_frames=600",
+                    f"compute.allocator={mode}", "compute.threads=2", f"run.dir={run}")
         assert p.returncode == 0, p.stderr[-2000:]
         ck = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
         digests[mode] = ck["model"]

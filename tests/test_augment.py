@@ -237,8 +237,8 @@ def _same(a, b) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-TINY = ["model.layers=1", "model.hidden=16", "train.epochs=1", "train.batch_frames=400",
-        "train.log_every=100", "checkpoint.every_minutes=1000"]
+TINY = ["model.layers=1", "model.hidden=16", "train.epochs=1", "batch.batch_frames=400",
+        "log.every_steps=100", "checkpoint.every_minutes=1000"]
 
 
 def test_speech_training_equals_training_on_an_offline_augmented_copy(tmp_path, synth_pair):
@@ -246,16 +246,16 @@ def test_speech_training_equals_training_on_an_offline_augmented_copy(tmp_path, 
     by 2 workers in tasks equals training on a file holding those augmented sequences,
     without augmentation: the workers apply exactly the per-sequence draws."""
     train_nc = synth_pair[0]
-    over = [f"data.train={train_nc}", *TINY, "train.threads=2", "augment.preset=speech",
+    over = [f"data.train={train_nc}", *TINY, "compute.threads=2", "augment.preset=speech",
             "augment.speed=0", "augment.noise=0.1"]
     run_a = train_here(None, *over, f"run.dir={tmp_path / 'a'}")
     cfg = load_config(None, over)
     aug = Augmenter.for_training(cfg, Dataset.open(str(train_nc)), 1)
     copy = _features_copy(tmp_path, train_nc, aug)
-    run_b = train_here(None, f"data.train={copy}", *TINY, "train.threads=2",
+    run_b = train_here(None, f"data.train={copy}", *TINY, "compute.threads=2",
                        f"run.dir={tmp_path / 'b'}")
     assert _same(_weights(run_a), _weights(run_b))
-    run_c = train_here(None, f"data.train={train_nc}", *TINY, "train.threads=2",
+    run_c = train_here(None, f"data.train={train_nc}", *TINY, "compute.threads=2",
                        f"run.dir={tmp_path / 'c'}")
     assert not _same(_weights(run_a), _weights(run_c))  # augmentation did change them
 
@@ -275,7 +275,7 @@ def test_image_training_equals_training_on_an_offline_augmented_copy(tmp_path):
     """The lines preset without width changes (scale, stretch, shear off), conv front end,
     2 workers: the same weights as training on the augmented images written to a file."""
     src = _images(tmp_path)
-    over = [f"data.train={src}", *TINY, *CONV, "train.batch_frames=200", "train.threads=2",
+    over = [f"data.train={src}", *TINY, *CONV, "batch.batch_frames=200", "compute.threads=2",
             "augment.preset=lines", "augment.scale=0", "augment.stretch=0", "augment.shear=0"]
     run_a = train_here(None, *over, f"run.dir={tmp_path / 'a'}")
     ds = Dataset.open(str(src))
@@ -286,8 +286,8 @@ def test_image_training_equals_training_on_an_offline_augmented_copy(tmp_path):
     targets = [" ".join(ds.labels[k] for k in t) for t in ds.targets]
     copy = tmp_path / "augmented.nc"
     ncdata.write_images(copy, imgs, targets, ds.labels)
-    run_b = train_here(None, f"data.train={copy}", *TINY, *CONV, "train.batch_frames=200",
-                       "train.threads=2", f"run.dir={tmp_path / 'b'}")
+    run_b = train_here(None, f"data.train={copy}", *TINY, *CONV, "batch.batch_frames=200",
+                       "compute.threads=2", f"run.dir={tmp_path / 'b'}")
     assert _same(_weights(run_a), _weights(run_b))
 
 
@@ -297,13 +297,13 @@ def test_one_and_two_workers_give_the_same_weights(tmp_path):
     preset (width changes included) drawn on whichever worker runs the sequence; and the
     augmentation off matches a config without the [augment] section."""
     src = _images(tmp_path, n=16, seed=2)
-    base = [f"data.train={src}", *TINY, *CONV, "train.batch_frames=1", "train.epochs=2"]
-    w = {t: _weights(train_here(None, *base, f"train.threads={t}", "augment.preset=lines",
+    base = [f"data.train={src}", *TINY, *CONV, "batch.batch_frames=1", "train.epochs=2"]
+    w = {t: _weights(train_here(None, *base, f"compute.threads={t}", "augment.preset=lines",
                                 f"run.dir={tmp_path / f'w{t}'}")) for t in (1, 2)}
     assert _same(w[1], w[2])
-    off = _weights(train_here(None, *base, "train.threads=2", "augment.preset=none",
+    off = _weights(train_here(None, *base, "compute.threads=2", "augment.preset=none",
                               f"run.dir={tmp_path / 'off'}"))
-    absent = _weights(train_here(None, *base, "train.threads=2", f"run.dir={tmp_path / 'abs'}"))
+    absent = _weights(train_here(None, *base, "compute.threads=2", f"run.dir={tmp_path / 'abs'}"))
     assert _same(off, absent) and not _same(off, w[2])
 
 

@@ -117,7 +117,7 @@ def tiny(tmp_path_factory):
     write_synth(str(d / "tr.nc"), num_seqs=40, num_labels=4, input_size=5, seed=1)
     write_synth(str(d / "va.nc"), num_seqs=10, num_labels=4, input_size=5, seed=2)
     args = [f"data.train={d / 'tr.nc'}", f"data.val={d / 'va.nc'}", "model.layers=1",
-            "model.hidden=8", "train.batch_frames=600", "train.threads=1", "train.log_every=2"]
+            "model.hidden=8", "batch.batch_frames=600", "compute.threads=1", "log.every_steps=2"]
     return d, args
 
 

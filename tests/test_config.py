@@ -10,7 +10,7 @@ from tests.conftest import run_cli
 
 REQUIRED = {("data", "train"), ("data", "val"), ("model", "layers"), ("model", "hidden"),
             ("model", "bidirectional"), ("optim", "name"), ("optim", "lr"), ("train", "epochs"),
-            ("train", "batch_frames"), ("train", "seed"), ("run", "dir")}
+            ("batch", "batch_frames"), ("train", "seed"), ("run", "dir")}
 
 
 def test_required_keys_exist():
@@ -42,14 +42,14 @@ def test_file_and_overrides(tmp_path):
     ("model.hidden=0", "model.hidden = 0 must be > 0"),
     ("optim.lr=-0.1", "optim.lr = -0.1 must be > 0"),
     ("optim.name=rmsprop", "optim.name = 'rmsprop'; choose one of adam, sgd"),
-    ("train.device=tpu", "train.device = 'tpu'"),
+    ("compute.device=tpu", "compute.device = 'tpu'"),
     ("model.bidirectional=1", "model.bidirectional must be bool"),
     ("hidden=3", "must look like section.key=value"),
-    ("train.plan=bogus", "train.plan = 'bogus'; choose one of auto, length, sharded, random"),
+    ("batch.plan=bogus", "batch.plan = 'bogus'; choose one of auto, length, sharded, random"),
     ("dist.wire=fp8", "dist.wire = 'fp8'; choose one of fp32, bf16, fp16"),
     ("model.cell=7", "model.cell must be str, got int"),
     ("model.dropout=1", "model.dropout = 1.0 must be < 1"),
-    ("train.threads=-1", "train.threads = -1 must be >= 0"),
+    ("compute.threads=-1", "compute.threads = -1 must be >= 0"),
     ("checkpoint.keep_last=0", "checkpoint.keep_last = 0 must be > 0"),
 ])
 def test_config_errors(override, needle):
@@ -102,3 +102,91 @@ def test_choices_and_limits_live_on_the_fields():
     # frontend, conv_norm, backend, progress, overlap, allocator, augment.preset,
     # init_alphabet, average, ...
     assert n_choice == 17 and n_limit >= 27
+
+
+# ---- documentation, freezing, [train] split by concern (old keys still accepted)
+
+
+def test_every_key_is_documented_and_help_config_prints_it():
+    """Each field of each section has a description (the string under it), and
+    ``rnntrain train --help-config`` (a real process, no config needed) prints every key
+    with its default and description, exit 0."""
+    from dataclasses import fields
+    from rnntrain.config import field_docs
+    cfg = Config()
+    r = run_cli("rnntrain", "train", "--help-config")
+    assert r.returncode == 0, r.stderr
+    for sec in fields(cfg):
+        docs = field_docs(type(getattr(cfg, sec.name)))
+        assert f"[{sec.name}]" in r.stdout
+        for f in fields(getattr(cfg, sec.name)):
+            assert docs.get(f.name), f"{sec.name}.{f.name} has no description"
+            assert f"  {f.name} = " in r.stdout and docs[f.name][:40] in " ".join(
+                r.stdout.split()), f"{sec.name}.{f.name} missing from --help-config"
+
+
+def test_sections_are_frozen_after_validation(tmp_path):
+    import dataclasses
+    cfg = load_config(None, ["data.train=a.nc", "batch.batch_frames=700"])
+    with pytest.raises(dataclasses.FrozenInstanceError, match="Batch.*frozen"):
+        cfg.batch.batch_frames = 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.train = None
+    changed = dataclasses.replace(cfg.batch, batch_frames=5)   # a changed copy is fine
+    assert changed.batch_frames == 5 and cfg.batch.batch_frames == 700
+    Config().batch.batch_frames = 3   # a config being built is not frozen
+
+
+OLD_TRAIN = """[data]
+train = "a.nc"
+[train]
+epochs = 3
+batch_frames = 1234
+threads = 2
+precision = "bf16"
+log_every = 7
+plan = "length"
+"""
+
+
+def test_old_train_keys_still_work_with_one_deprecation_line(tmp_path, capsys):
+    """A config written before [train] was split (file and override) loads into the new
+    sections, with one line naming each old key's new place; the new file format gives
+    the same config and no line."""
+    p = tmp_path / "old.toml"
+    p.write_text(OLD_TRAIN)
+    old = load_config(p, ["train.intra_threads=2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "train.batch_frames is now batch.batch_frames" in err[0]
+    assert "train.log_every is now log.every_steps" in err[0]
+    assert "train.intra_threads is now compute.intra_threads" in err[0]
+    assert (old.train.epochs, old.batch.batch_frames, old.compute.threads,
+            old.compute.precision, old.log.every_steps, old.batch.plan,
+            old.compute.intra_threads) == (3, 1234, 2, "bf16", 7, "length", 2)
+    new = tmp_path / "new.toml"
+    new.write_text(to_toml(old))
+    assert load_config(new) == old and capsys.readouterr().err == ""
+    back = tomllib.loads(to_toml(old))
+    assert "batch_frames" not in back["train"] and back["batch"]["batch_frames"] == 1234
+
+
+def test_a_checkpoint_config_of_the_old_layout_loads(synth_pair):
+    """A checkpoint's config written before the split (its "train" holding batch_frames,
+    threads, log_every ...) rebuilds into the new sections, silently."""
+    from rnntrain.config import config_from_dict, to_dict
+    d = to_dict(Config())
+    old = dict(d, train={**d["train"], **d["batch"], **{k: v for k, v in d["compute"].items()},
+                         "log_every": 9})
+    del old["batch"], old["compute"]
+    old["log"] = {k: v for k, v in d["log"].items() if k != "every_steps"}
+    old["train"]["batch_frames"] = 4321
+    cfg = config_from_dict(old)
+    assert cfg.batch.batch_frames == 4321 and cfg.log.every_steps == 9
+    assert to_dict(cfg)["compute"] == d["compute"]
+
+
+def test_the_shipped_configs_use_the_new_sections(capsys):
+    from tests.conftest import ROOT
+    for p in sorted((ROOT / "configs").glob("*.toml")):
+        load_config(p, ["data.train=x.nc"])
+        assert capsys.readouterr().err == "", p

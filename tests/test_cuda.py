@@ -156,8 +156,8 @@ def test_fp16_training_run_on_cuda(synth_pair, tmp_path):
     train_nc, val_nc = synth_pair
     cfg = load_config(None, [f"data.train={json.dumps(str(train_nc))}",
                              f"data.val={json.dumps(str(val_nc))}", "model.hidden=32",
-                             "train.epochs=4", "train.batch_frames=2000", "optim.lr=0.01",
-                             "train.precision=fp16", "train.device=cuda", "train.log_every=5",
+                             "train.epochs=4", "batch.batch_frames=2000", "optim.lr=0.01",
+                             "compute.precision=fp16", "compute.device=cuda", "log.every_steps=5",
                              f"run.dir={json.dumps(str(tmp_path))}"])
     train(cfg)
     recs = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]

@@ -306,9 +306,9 @@ def test_training_loop_same_weights_whatever_the_threads(synth_pair, tmp_path):
         d = tmp_path / f"t{run}"
         cfg = load_config(None, [f"data.train={json.dumps(str(synth_pair[0]))}",
                                  "model.hidden=12", "model.layers=1", "train.epochs=1",
-                                 "train.batch_frames=1500", "train.round_lengths=4",
-                                 f"train.threads={threads}", "train.log_every=2",
-                                 f"train.tasks_per_worker={per_worker}",
+                                 "batch.batch_frames=1500", "batch.round_lengths=4",
+                                 f"compute.threads={threads}", "log.every_steps=2",
+                                 f"compute.tasks_per_worker={per_worker}",
                                  f"run.dir={json.dumps(str(d))}"])
         train(cfg)
         recs = [json.loads(x) for x in open(d / "metrics.jsonl")]

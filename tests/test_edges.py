@@ -466,7 +466,7 @@ def test_threads_capped_with_warning(capsys):
     limit = MAX_THREADS_PER_CORE * usable_cores()
     assert cap_threads(limit, 1) == limit and capsys.readouterr().err == ""
     assert cap_threads(10000, 1) == limit
-    assert "train.threads = 10000" in capsys.readouterr().err
+    assert "compute.threads = 10000" in capsys.readouterr().err
     assert cap_threads(10000, 2, ranks_per_node=2) == max(1, limit // 4)
 
 

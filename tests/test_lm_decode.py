@@ -381,7 +381,7 @@ def test_eval_decode_tune_with_lexicon_and_lm_through_the_cli(tmp_path):
     cfg = load_config(None, [f"data.train={json.dumps(str(data))}",
                              f"data.val={json.dumps(str(data))}", "model.layers=1",
                              "model.hidden=32", "optim.lr=0.03", "train.epochs=8",
-                             "train.batch_frames=80", "train.threads=1",
+                             "batch.batch_frames=80", "compute.threads=1",
                              f"run.dir={json.dumps(str(tmp_path / 'run'))}"])
     ckpt = train(cfg) / "checkpoints" / "last.pt"
     # words of the references (labels between L04s, written as their label names joined)

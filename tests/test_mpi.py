@@ -29,10 +29,16 @@ layers = 1
 hidden = 16
 [train]
 epochs = 1
-batch_frames = 600
-threads = 1
-log_every = 4
 seed = 3
+
+[batch]
+batch_frames = 600
+
+[compute]
+threads = 1
+
+[log]
+every_steps = 4
 """
 
 needs_mpi = pytest.mark.skipif(mpiexec() is None, reason="mpiexec not found")
@@ -133,11 +139,11 @@ def test_wire_combine_is_commutative_and_flags_nonfinite(wire):
 @pytest.mark.mpi
 def test_n_ranks_train_like_one_rank_in_both_modes(tiny_config, tmp_path):
     """After one epoch (10 steps, Adam), 2 and 3 ranks with global batch B hold the same
-    weights as 1 rank with batch B cut as N ranks cut it (train.batch_multiple = N), in
+    weights as 1 rank with batch B cut as N ranks cut it (batch.batch_multiple = N), in
     allreduce and master mode; 16-bit wires stay close."""
     out = tmp_path
-    r, _ = launch(1, "tests/mpi_train.py", out, tiny_config, "serial=train.batch_multiple=2",
-                  "serial3=train.batch_multiple=3")
+    r, _ = launch(1, "tests/mpi_train.py", out, tiny_config, "serial=batch.batch_multiple=2",
+                  "serial3=batch.batch_multiple=3")
     assert r.returncode == 0, r.stderr[-3000:]
     runs2 = ["ar2=dist.mode=allreduce", "ms2=dist.mode=master", "bf2=dist.wire=bf16",
              "fp16m2=dist.mode=master,dist.wire=fp16"]
@@ -225,7 +231,7 @@ def test_two_ranks_over_the_network_path(tiny_config, tmp_path):
     """Shared memory off (MPICH: every rank treated as on another node; UCX over TCP),
     as ranks on different machines talk: still the serial run's weights."""
     r, _ = launch(1, "tests/mpi_train.py", tmp_path, tiny_config,
-                  "serial=train.batch_multiple=2")
+                  "serial=batch.batch_multiple=2")
     assert r.returncode == 0, r.stderr[-3000:]
     r, _ = launch(2, "tests/mpi_train.py", tmp_path, tiny_config, "ar=dist.mode=allreduce",
                   "bfm=dist.mode=master,dist.wire=bf16",

@@ -346,7 +346,7 @@ def test_conv_2d_two_ranks_train_like_one(tmp_path):
                    "[model]\nfrontend = \"conv\"\nconv_channels = [4, 8]\nconv_pool_h = [2, 2]\n"
                    "conv_pool_w = [2, 1]\nlayers = 1\nhidden = 16\n"
                    "[train]\nepochs = 1\nbatch_frames = 120\nthreads = 1\nlog_every = 4\n")
-    r, _ = launch(1, "tests/mpi_train.py", tmp_path, cfg, "serial=train.batch_multiple=2")
+    r, _ = launch(1, "tests/mpi_train.py", tmp_path, cfg, "serial=batch.batch_multiple=2")
     assert r.returncode == 0, r.stderr[-3000:]
     r, _ = launch(2, "tests/mpi_train.py", tmp_path, cfg, "ar2=dist.mode=allreduce")
     assert r.returncode == 0, r.stderr[-3000:]

@@ -433,7 +433,7 @@ def test_training_ends_with_a_calibrated_best_checkpoint(synth_pair, tmp_path):
     from tests.conftest import train_here
     train, val = synth_pair
     run = train_here(None, f"data.train={train}", f"data.val={val}", "model.layers=1",
-                     "model.hidden=16", "train.epochs=2", "train.threads=1",
+                     "model.hidden=16", "train.epochs=2", "compute.threads=1",
                      f"run.dir={tmp_path / 'run'}")
     cal = torch.load(run / "checkpoints" / "best.pt", weights_only=True)["calibration"]
     assert cal["temperature"] > 0 and cal["labels"] > 0 and cal["data"] == str(val)

@@ -111,7 +111,7 @@ def test_auto_is_off_alone_and_on_is_checked_alone_too():
     cpu, alone = torch.device("cpu"), LocalComm()
     assert not overlap_wanted(DistConfig(), alone, cpu, 1)
     assert not overlap_wanted(DistConfig(overlap="on"), alone, cpu, 1)  # nothing to exchange
-    with pytest.raises(ConfigError, match=r"needs one worker per rank \(train.threads = 1; "
+    with pytest.raises(ConfigError, match=r"needs one worker per rank \(compute.threads = 1; "
                                           r"this rank runs 2\)"):
         overlap_wanted(DistConfig(overlap="on"), alone, cpu, 2)
 
@@ -121,7 +121,7 @@ def test_auto_is_off_alone_and_on_is_checked_alone_too():
 @pytest.mark.slow
 def test_two_workers_per_rank_are_refused_in_one_line(tiny_config, tmp_path):
     r, _ = launch(2, "-m", "rnntrain", "train", tiny_config, f"run.dir={tmp_path / 'run'}",
-                  "dist.overlap=on", "train.threads=2")
+                  "dist.overlap=on", "compute.threads=2")
     assert r.returncode != 0
     assert r.stderr.count('error: dist.overlap = "on" needs one worker per rank') == 1, \
         r.stderr[-2000:]
@@ -153,7 +153,7 @@ def test_overlapped_training_matches_plain_and_one_rank(tiny_config, serial_weig
     """Two tasks per step (the last task's backward overlaps; the first is summed before)
     and one task per step (the whole backward overlaps), each beside its plain run."""
     runs = {"plain": "dist.overlap=auto", "overlap": OVERLAP,
-            "overlap1": f"{OVERLAP},train.tasks_per_worker=1"}
+            "overlap1": f"{OVERLAP},compute.tasks_per_worker=1"}
     # each within 1e-7 of one rank (check_n_ranks)
     w = check_n_ranks(2, tmp_path, tiny_config, serial_weights, runs,
                       env={"GLOO_SOCKET_IFNAME": "lo"})
@@ -247,8 +247,8 @@ def test_rank_hanging_while_the_buckets_wait_is_named(tiny_config, tmp_path):
 def test_overlapped_training_on_nccl(tiny_config, tmp_path):
     """dist.overlap = auto turns it on for CUDA ranks with one worker; the result matches
     the plain exchange within fp32 tolerance (cuDNN's kernels need not be bitwise stable)."""
-    runs = {"plain": "train.device=cuda,dist.overlap=off",
-            "auto": "train.device=cuda,dist.bucket_mb=0.002"}
+    runs = {"plain": "compute.device=cuda,dist.overlap=off",
+            "auto": "compute.device=cuda,dist.bucket_mb=0.002"}
     r, _ = launch(2, "tests/mpi_train.py", tmp_path, tiny_config,
                   *(f"{k}={v}" for k, v in runs.items()))
     assert r.returncode == 0, r.stderr[-3000:]

@@ -285,7 +285,7 @@ def test_wheel_in_a_fresh_venv_from_another_folder(tmp_path):
     installed = {tool: set(names) for tool, names in json.loads(r.stdout).items()}
     assert installed == WHEEL_COVERS
     _inputs(work)
-    small = ["model.layers=1", "model.hidden=8", "train.epochs=1", "train.threads=1"]
+    small = ["model.layers=1", "model.hidden=8", "train.epochs=1", "compute.threads=1"]
 
     # ---- init: an example config, and a recipe with what it runs
     assert "recipes (rnntrain init --recipe NAME" in run("rnntrain", "init", "--list").stdout
@@ -321,7 +321,7 @@ def test_wheel_in_a_fresh_venv_from_another_folder(tmp_path):
     run("rnntrain", "report", "runs/default")
     assert (work / "runs/default/report/report.md").is_file()
     run("rnntrain", "sweep", "default.toml", "model.hidden=4,8", "model.layers=1",
-        "train.epochs=1", "train.threads=1", "--out", "sweeps/s")
+        "train.epochs=1", "compute.threads=1", "--out", "sweeps/s")
     assert len((work / "sweeps/s/results.csv").read_text().strip().splitlines()) == 3
     ev = json.loads(run("rnntrain", "eval", "runs/default", "data/synth_val.nc",
                         "--json").stdout)

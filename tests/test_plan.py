@@ -167,7 +167,7 @@ def test_real_manifest_plan(tmp_path, synth_pair):
         check_plans(ds, keep, world, 800)
 
 
-# ---- the strategies behind make_plan(strategy=...) / train.plan
+# ---- the strategies behind make_plan(strategy=...) / batch.plan
 
 def naive_random_plan(ds, keep, batch_frames, seed, epoch, rank, world):
     """The random baseline written out for one chunk, as the benchmark first had it:
@@ -356,7 +356,7 @@ def test_planner_resume_and_state_dict_cover_an_epoch_split_over_rank_counts():
 def test_plan_settings_come_from_the_config_once():
     from rnntrain.config import Config
     cfg = Config()
-    cfg.train.batch_frames, cfg.train.round_lengths, cfg.train.plan = 1234, 3, "random"
+    cfg.batch.batch_frames, cfg.batch.round_lengths, cfg.batch.plan = 1234, 3, "random"
     got = PlanSettings.from_config(cfg)
     assert (got.batch_frames, got.seed, got.round_lengths, got.strategy, got.batch_multiple) \
-        == (1234, cfg.train.seed, 3, "random", cfg.train.batch_multiple)
+        == (1234, cfg.train.seed, 3, "random", cfg.batch.batch_multiple)

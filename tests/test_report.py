@@ -12,7 +12,7 @@ from rnntrain.tools.report import phase_seconds, rank_splits, report
 from rnntrain.tools.runs import read_metrics
 from rnntrain.run.train import train
 
-TINY = ["model.layers=1", "train.batch_frames=800", "train.threads=2", "train.log_every=3",
+TINY = ["model.layers=1", "batch.batch_frames=800", "compute.threads=2", "log.every_steps=3",
         "train.epochs=2"]
 PNGS = ("curves.png", "throughput.png", "time_split.png")
 

@@ -83,7 +83,7 @@ def test_online_handwriting_config_converts_loads_and_trains(tmp_path, synth_pai
     assert cfg.train.patience == 21            # RNNLIB stops on the 21st test without best
     assert (cfg.train.seed, cfg.train.input_noise) == (42, 0.1)
     mean = read_header(str(train)).lengths.mean()
-    assert cfg.train.batch_frames == int(round(4 * mean))
+    assert cfg.batch.batch_frames == int(round(4 * mean))
     assert not any("unknown" in w for w in warnings)
     assert any("verbose" in w and "ignored" in w for w in warnings)
 
@@ -106,7 +106,7 @@ def test_arabic_config_warns_about_levels_and_unknown_keys(tmp_path):
     (tmp_path / "new.toml").write_text(r.stdout)
     cfg = load_config(tmp_path / "new.toml")
     assert (cfg.model.layers, cfg.model.hidden, cfg.data.train) == (3, 180, "arabic_online.nc")
-    assert cfg.data.val == "" and cfg.train.batch_frames == 1000
+    assert cfg.data.val == "" and cfg.batch.batch_frames == 1000
 
 
 def test_timit_config_maps_input_block_and_reports_what_has_no_equivalent(tmp_path):

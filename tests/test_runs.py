@@ -16,8 +16,8 @@ from rnntrain.errors import UserError
 from rnntrain.tools.runs import list_runs, read_metrics, read_status, summarize
 from rnntrain.run.train import train
 
-TINY = ["model.layers=1", "model.hidden=8", "train.batch_frames=800", "train.threads=2",
-        "train.log_every=4"]
+TINY = ["model.layers=1", "model.hidden=8", "batch.batch_frames=800", "compute.threads=2",
+        "log.every_steps=4"]
 
 
 def tiny_config(tmp_path, train_nc, val_nc):
@@ -105,7 +105,7 @@ def test_sweep_runs_and_tabulates_four_configs(synth_pair, tmp_path):
     cfg = tiny_config(tmp_path, *synth_pair)
     out = tmp_path / "sw"
     args = ["rnntrain", "sweep", cfg, "optim.lr=0.001,0.003", "model.hidden=8,12",
-            "train.epochs=1", "model.layers=1", "train.batch_frames=800", "--out", out]
+            "train.epochs=1", "model.layers=1", "batch.batch_frames=800", "--out", out]
     r = run_cli(*args)
     assert r.returncode == 0, r.stderr[-3000:]
     with open(out / "results.csv") as f:

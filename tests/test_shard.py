@@ -220,7 +220,7 @@ def test_train_two_ranks_on_manifest(tmp_path, synth_pair):
     ds = Dataset.open(str(man))
     args = ["-m", "rnntrain", "train", "configs/default.toml", f"data.train={man}",
             "data.val=", "train.epochs=1", "model.hidden=8", "model.layers=1",
-            "train.threads=1", "train.log_every=1", f"run.dir={tmp_path / 'run'}"]
+            "compute.threads=1", "log.every_steps=1", f"run.dir={tmp_path / 'run'}"]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=root)
     r = subprocess.run([mpi, "-n", "2", sys.executable, *args], cwd=root, env=env,

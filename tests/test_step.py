@@ -112,7 +112,7 @@ def _tiny(synth_pair):
     cfg = Config()
     cfg.model.layers, cfg.model.hidden = 1, 16
     cfg.optim.clip_norm, cfg.optim.lr = 5.0, 3e-3
-    cfg.train.batch_frames, cfg.train.threads, cfg.train.seed = 600, 1, 3
+    cfg.batch.batch_frames, cfg.compute.threads, cfg.train.seed = 600, 1, 3
     ds = Dataset.open(str(synth_pair[0]), cfg.data.chunk_frames)
     return cfg, ds, ds.feasible(1)
 
@@ -128,7 +128,7 @@ def _build(cfg, ds, total):
 
 
 def _steps(runner, ds, keep, cfg, state, n):
-    plan = make_plan(ds, keep, cfg.train.batch_frames, cfg.train.seed, state.epoch)
+    plan = make_plan(ds, keep, cfg.batch.batch_frames, cfg.train.seed, state.epoch)
     feed = EpochFeed(ds, plan, state.epoch, state.pos, state.step)
     try:
         for fed in feed:

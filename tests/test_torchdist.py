@@ -107,11 +107,11 @@ def test_misuse_is_one_clean_error_not_n_trainings(tiny_config, tmp_path):
 
 @pytest.fixture(scope="module")
 def serial_weights(tiny_config, tmp_path_factory):
-    """One rank's weights with the global batches of n ranks (train.batch_multiple = n),
+    """One rank's weights with the global batches of n ranks (batch.batch_multiple = n),
     by n."""
     out = tmp_path_factory.mktemp("serial")
-    r, _ = launch(0, "tests/mpi_train.py", out, tiny_config, "serial2=train.batch_multiple=2",
-                  "serial3=train.batch_multiple=3")
+    r, _ = launch(0, "tests/mpi_train.py", out, tiny_config, "serial2=batch.batch_multiple=2",
+                  "serial3=batch.batch_multiple=3")
     assert r.returncode == 0, r.stderr[-3000:]
     return {n: dict(np.load(out / f"serial{n}.npz")) for n in (2, 3)}
 

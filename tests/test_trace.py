@@ -14,8 +14,8 @@ from rnntrain.compute.pool import Task, WorkerPool
 
 from conftest import mpiexec, run_cli
 
-TINY = ["model.layers=1", "model.hidden=8", "train.batch_frames=600", "train.epochs=1",
-        "train.threads=2", "train.log_every=5", "data.chunk_frames=500"]
+TINY = ["model.layers=1", "model.hidden=8", "batch.batch_frames=600", "train.epochs=1",
+        "compute.threads=2", "log.every_steps=5", "data.chunk_frames=500"]
 
 
 def tiny_config(tmp_path, train, val=None):
@@ -148,7 +148,7 @@ def test_trace_merged_across_ranks(synth_pair, tmp_path):
     train, val = synth_pair
     out = tmp_path / "trace.json"
     cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "rnntrain", "train",
-           str(tiny_config(tmp_path, train)), *TINY, "train.threads=1", f"run.dir={tmp_path / 'run'}",
+           str(tiny_config(tmp_path, train)), *TINY, "compute.threads=1", f"run.dir={tmp_path / 'run'}",
            "--trace", str(out), "--trace-steps", "1:3"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
                        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})

@@ -35,7 +35,7 @@ def _tiny(tmp_path, n=8, seed=1, name="tiny.nc", too_short=False):
 def _cfg(tmp_path, data, run="run", **over):
     ov = [f"data.train={json.dumps(str(data))}", f"data.val={json.dumps(str(data))}",
           "model.layers=1", "model.hidden=48", "optim.lr=0.03", "train.epochs=70",
-          "train.batch_frames=60", "train.log_every=5", "train.threads=1",
+          "batch.batch_frames=60", "log.every_steps=5", "compute.threads=1",
           f"run.dir={json.dumps(str(tmp_path / run))}"]
     ov += [f"{k.replace('__', '.')}={v}" for k, v in over.items()]
     return load_config(None, ov), ov

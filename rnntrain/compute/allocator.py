@@ -1,4 +1,4 @@
-"""The process's memory allocator: keep freed memory for the next step (``train.allocator``).
+"""The process's memory allocator: keep freed memory for the next step (``compute.allocator``).
 
 A training step allocates and frees the same large tensors every time (the LSTM's gate
 workspace, the CTC lattices, activations). glibc hands blocks over its mmap threshold

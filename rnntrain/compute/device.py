@@ -31,11 +31,11 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise UserError(f"train.device = {name!r} but CUDA is not available here")
+            raise UserError(f"compute.device = {name!r} but CUDA is not available here")
         count = torch.cuda.device_count()
         idx = int(name[5:]) if ":" in name else local_rank % count
         if idx >= count:
-            raise UserError(f"train.device = {name!r} but this machine has {count} GPU(s)")
+            raise UserError(f"compute.device = {name!r} but this machine has {count} GPU(s)")
         torch.cuda.set_device(idx)
         return torch.device("cuda", idx)
     return torch.device("cpu")
@@ -59,13 +59,13 @@ def memory_bytes(device: torch.device) -> int:
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype of ``train.precision`` on ``device`` (None = plain fp32).
+    """The autocast dtype of ``compute.precision`` on ``device`` (None = plain fp32).
 
     fp16 needs CUDA (CPU fp16 kernels are slow and the range problem buys nothing there);
     bf16 works on both. The CTC loss is always computed in fp32 (``ctc_loss_sum``)."""
-    check_choice(precision, Precision, "train.precision")
+    check_choice(precision, Precision, "compute.precision")
     if precision == "fp16" and device.type != "cuda":
-        raise UserError("train.precision = 'fp16' needs a CUDA device; use 'bf16' or "
+        raise UserError("compute.precision = 'fp16' needs a CUDA device; use 'bf16' or "
                         "'fp32' on CPU")
     return AUTOCAST.get(precision)
 

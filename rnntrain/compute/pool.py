@@ -450,7 +450,7 @@ def cap_threads(workers: int, intra: int, ranks_per_node: int = 1, device=None) 
     if workers <= limit:
         return workers
     import sys
-    print(f"rnntrain: warning: train.threads = {workers} (x intra_threads {intra} x "
+    print(f"rnntrain: warning: compute.threads = {workers} (x intra_threads {intra} x "
           f"{ranks_per_node} rank(s) on this node) is far more than the {usable_cores()} "
           f"usable cores; using {limit} workers", file=sys.stderr, flush=True)
     return limit

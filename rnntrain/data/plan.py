@@ -6,7 +6,7 @@ rank. A plan is a list of Steps in chunk order (each chunk's steps are contiguou
 reader visits each chunk once), and every rank's plan has the same number of steps by
 construction.
 
-Strategies (``PLANNERS``, chosen with ``train.plan`` or ``make_plan(strategy=...)``):
+Strategies (``PLANNERS``, chosen with ``batch.plan`` or ``make_plan(strategy=...)``):
 
 ``length``
     One file (or any dataset seen as one): per chunk, sequences sorted by length and cut
@@ -351,8 +351,8 @@ class PlanSettings:
     @classmethod
     def from_config(cls, cfg) -> "PlanSettings":
         """The settings of a ``Config`` (the one place that maps config keys to them)."""
-        tc = cfg.train
-        return cls(tc.batch_frames, tc.seed, tc.round_lengths, tc.plan, tc.batch_multiple)
+        b = cfg.batch
+        return cls(b.batch_frames, cfg.train.seed, b.round_lengths, b.plan, b.batch_multiple)
 
     def plan(self, ds, keep: np.ndarray, epoch: int, rank: int = 0,
              world: int = 1) -> list[Batch]:
@@ -415,7 +415,7 @@ def remainder_note(ds, keep: np.ndarray, world: int, settings: PlanSettings) -> 
                       for s in plan_random(ds, keep, settings.batch_frames, settings.seed,
                                            0, r, world))
         lost = int(keep.sum()) - planned
-        return (f"{ds.source}: train.plan = 'random' leaves {lost} of {int(keep.sum())} "
+        return (f"{ds.source}: batch.plan = 'random' leaves {lost} of {int(keep.sum())} "
                 f"sequences untrained in epoch 1 (the ranks stop at the shortest rank's "
                 f"steps in each chunk)") if lost else None
     if strategy != "sharded" or len(ds.shards) % world:

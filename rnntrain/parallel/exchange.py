@@ -120,9 +120,9 @@ def overlap_wanted(dcfg, comm: Comm, device: torch.device, workers: int) -> bool
     if workers != 1:
         # the buckets start during ONE backward; with several workers the step's gradient
         # is complete only after the fixed-order sum of tasks computed in parallel
-        raise ConfigError(f'dist.overlap = "on" needs one worker per rank (train.threads = '
-                          f'1; this rank runs {workers}): set train.threads = 1 (and '
-                          'train.intra_threads for the cores) or dist.overlap = "off"')
+        raise ConfigError(f'dist.overlap = "on" needs one worker per rank (compute.threads = '
+                          f'1; this rank runs {workers}): set compute.threads = 1 (and '
+                          'compute.intra_threads for the cores) or dist.overlap = "off"')
     if comm.size > 1 and not comm.can_overlap:
         raise ConfigError('dist.overlap = "on" needs the torch.distributed engine '
                           f'(torchrun); this job runs on {comm.name}: use torchrun or '

@@ -27,7 +27,7 @@ from rnntrain.decode.search import best_path_batch
 from rnntrain.parallel.collectives import sum_over_ranks
 from rnntrain.parallel.comm import Comm
 
-# Evaluation batches hold this many times train.batch_frames padded frames. No gradient,
+# Evaluation batches hold this many times batch.batch_frames padded frames. No gradient,
 # no autograd graph and no per-task gradient buffer is kept, so a forward pass over a
 # batch holds a few layers' outputs (T x N x 2H floats) where training holds every
 # layer's gates and states for the backward: with two workers each running a batch this

@@ -36,7 +36,7 @@ class RunLog:
         self._metrics = self._log = self._tb = None
         progress = getattr(log, "progress", "auto")
         # a tqdm bar redraws its line every second: fine on a terminal, thousands of lines
-        # in a Slurm/nohup/CI log. There, a plain line every train.log_every steps instead.
+        # in a Slurm/nohup/CI log. There, a plain line every log.every_steps steps instead.
         self.bar = progress == "bar" or (progress == "auto" and _is_terminal(sys.stderr))
         self._t_progress = None
         if run is None:
@@ -98,7 +98,7 @@ class RunLog:
             self._tb.add(record)
 
     def progress(self, epoch: int, epochs: int, pos: int, steps: int, rec: dict):
-        """Without a bar: one plain line per metrics record (train.log_every steps)."""
+        """Without a bar: one plain line per metrics record (log.every_steps steps)."""
         if self.bar or self.folder is None:
             return
         now = time.monotonic()

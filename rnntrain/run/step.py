@@ -70,7 +70,7 @@ class EpochFeed:
             if batch.chunk != chunk:
                 payload = None  # drop the old chunk: at most two are resident
                 if chunk is not None:  # a switch inside the epoch (single-chunk data: never)
-                    allocator.trim()  # what the steps on it left free (train.allocator)
+                    allocator.trim()  # what the steps on it left free (compute.allocator)
                 chunk, payload = self.reader.next()
                 assert chunk == batch.chunk, "reader out of plan order"
             upcoming = self.plan[i + 1].seqs if i + 1 < len(self.plan) else None
@@ -98,7 +98,7 @@ class StepRunner:
 
     Build it, ``start(state)`` once (start-up sync of weights, optimizer and state from
     rank 0; the fp16 loss scale and the bad-step counts from the state), ``run`` each
-    batch, ``close`` at the end. ``cfg``: the whole Config (train, optim, dist sections);
+    batch, ``close`` at the end. ``cfg``: the whole Config (train, compute, optim, dist sections);
     ``planner``: the run's ``BatchPlanner`` (its dataset, and the ``round_lengths`` the
     tasks pad with, so the planner's budget and the tasks' padding always agree);
     ``augment``: the training augmentation the workers apply (None: off).
@@ -114,15 +114,15 @@ class StepRunner:
         self.flat = FlatGrad(params, device)
         self.exch = Exchange(comm, cfg.dist, self.flat, params, workers)
         # tasks pad to the lengths the planner budgeted for: one round_lengths for both
-        self.computer = TaskComputer(model, device, tc.input_noise, tc.precision,
+        self.computer = TaskComputer(model, device, tc.input_noise, cfg.compute.precision,
                                      planner.settings.round_lengths, scaler, augment)
         self.scaler = self.computer.scaler
         # one CPU worker runs on this thread: its intra-op threads then share one OpenMP
         # team with the update (see WorkerPool), instead of two teams throttling each other
-        self.pool = WorkerPool(self.computer, workers, tc.intra_threads,
+        self.pool = WorkerPool(self.computer, workers, cfg.compute.intra_threads,
                                on_start=lambda w: worker_start(device),
                                inline=workers == 1 and device.type == "cpu")
-        self.task_cost = cost_model_for(model, tc.precision if device.type == "cpu"
+        self.task_cost = cost_model_for(model, cfg.compute.precision if device.type == "cpu"
                                         else "fp32")
         self.bad: BadSteps | None = None
         # (P,) 0 for the parameters train.freeze names, 1 elsewhere; None: none frozen
@@ -184,8 +184,8 @@ class StepRunner:
         computing it ahead, while the previous batch runs, changes nothing)."""
         if self._ahead is not None and self._ahead[0] == seqs:
             return self._ahead[1]
-        return split_tasks(seqs, self.ds.lengths, self.workers * self.cfg.train.tasks_per_worker,
-                           self.task_cost, self.workers)
+        n_tasks = self.workers * self.cfg.compute.tasks_per_worker
+        return split_tasks(seqs, self.ds.lengths, n_tasks, self.task_cost, self.workers)
 
     def check_bad(self, step: int, fed: FedBatch, log):
         """Read the NaN/Inf counts on the host (see ``faults.BadSteps.check``)."""

@@ -89,23 +89,23 @@ def train(cfg: Config, config_path: str | None = None, overrides=(), resume: str
 def _train(cfg: Config, config_path, overrides, resume, locks: list):
     # the CLI sets it before torch is imported; from the Python API it holds for the
     # threads started from here on (the workers, the reader)
-    allocator.configure(cfg.train.allocator)
+    allocator.configure(cfg.compute.allocator)
     t_start = time.monotonic()
-    comm = dist.init(cfg.dist, cfg.train.device)
+    comm = dist.init(cfg.dist, cfg.compute.device)
     collectives.agree_config(comm, to_dict(cfg))  # a key that differs is named, not a checksum
     trace.attach(lambda: collectives.wait_for_all(comm))  # aligns the ranks' clocks (--trace)
     tc, rank = cfg.train, comm.rank
-    device = pick_device(tc.device, comm.local_rank)
-    autocast_dtype(tc.precision, device)  # fail now, not after reading data (fp16 needs CUDA)
-    if tc.deterministic and device.type == "cuda":
+    device = pick_device(cfg.compute.device, comm.local_rank)
+    autocast_dtype(cfg.compute.precision, device)  # fail now, not after reading data (fp16 needs CUDA)
+    if cfg.compute.deterministic and device.type == "cuda":
         # the CPU path is deterministic by construction (fixed-order reduce, seeded tasks);
         # on a GPU, ask cuDNN for deterministic kernels (CTC's CUDA backward has none: warn)
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
         torch.use_deterministic_algorithms(True, warn_only=True)
     # one worker feeds a GPU (its own stream); on CPU the rank's share of the cores
-    workers = (tc.threads or 1) if device.type == "cuda" else \
-        default_threads(tc.threads, tc.intra_threads, comm.local_size)
-    workers = cap_threads(workers, tc.intra_threads, comm.local_size, device)
+    workers = (cfg.compute.threads or 1) if device.type == "cuda" else \
+        default_threads(cfg.compute.threads, cfg.compute.intra_threads, comm.local_size)
+    workers = cap_threads(workers, cfg.compute.intra_threads, comm.local_size, device)
     overlap_wanted(cfg.dist, comm, device, workers)  # refuse now, before reading any data
 
     # ---- data (metadata now, frames later on the reader thread) and the run folder
@@ -146,7 +146,7 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
                                         train_ds.labels, source)
     card.weights = "average" if tc.average != "none" else "model"
     check_memory(cfg.model, train_ds.frame_size, len(card.labels),
-                 5 + workers * tc.tasks_per_worker, memory_bytes(device))
+                 5 + workers * cfg.compute.tasks_per_worker, memory_bytes(device))
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model, train_ds.frame_size, len(card.labels),
                         train_ds.frame_height)
@@ -192,8 +192,8 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
         log.info(f"rnntrain: {count_params(model):,} parameters, {train_ds.num_seqs} train "
                  f"sequences ({int(train_ds.lengths[keep].sum()):,} frames), {steps_per_epoch}"
                  f" steps/epoch, {comm.size} rank(s) x {workers} worker(s) x "
-                 f"{tc.intra_threads} thread(s) on {device}, run folder {run_dir}")
-        every, last_ckpt = host_every(device, tc.log_every), time.monotonic()
+                 f"{cfg.compute.intra_threads} thread(s) on {device}, run folder {run_dir}")
+        every, last_ckpt = host_every(device, cfg.log.every_steps), time.monotonic()
         save = partial(save_checkpoint, run if writer else None, card,
                        training_parts(model, opt, averager), cfg, runner)
         log.set_status("running", resumed=bool(resume))
@@ -208,7 +208,7 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
             window = MetricsWindow(device)
             for fed in feed:  # ---- one optimizer step
                 last = fed.index == len(plan) - 1
-                log_now = (state.step + 1) % tc.log_every == 0 or last
+                log_now = (state.step + 1) % cfg.log.every_steps == 0 or last
                 res = runner.run(fed, state.step, want_errors=every == 1 or log_now,
                                  stop=stop.requested)  # GPU: LER on logging steps only
                 state.advance(fed.index + 1)
@@ -347,11 +347,10 @@ def checkpoint_due(cfg: Config, step: int, last_time: float) -> bool:
 def validate(log: RunLog, model, val_ds, val_keep, cfg: Config, device, comm: Comm, workers: int,
              epoch: int, step: int) -> dict:
     """Score the validation set (every rank; counts summed over ranks), log it, → summary."""
-    tc = cfg.train
     t0 = time.perf_counter()
     # the training workers sleep meanwhile: evaluation's own workers take the same cores
-    c = evaluate(model, val_ds, val_keep, tc.batch_frames, device, comm, workers=workers,
-                 intra=tc.intra_threads)["best"]
+    c = evaluate(model, val_ds, val_keep, cfg.batch.batch_frames, device, comm, workers=workers,
+                 intra=cfg.compute.intra_threads)["best"]
     seconds = time.perf_counter() - t0
     summ = c.summary()
     log.metrics(split="val", epoch=epoch, step=step, **summ, seconds=round(seconds, 3),
@@ -365,13 +364,12 @@ def validate(log: RunLog, model, val_ds, val_keep, cfg: Config, device, comm: Co
 def test_best(log: RunLog, run: RunFolder | None, model, train_ds, cfg: Config, device, comm: Comm,
               workers: int, state: TrainState):
     """Score data.test with the best checkpoint's weights (every rank), and log it."""
-    tc = cfg.train
     test_ds = Dataset.open(cfg.data.test, cfg.data.chunk_frames)
     check_compatible(train_ds, test_ds, "training data")
     load_best(run, model, comm)
     summ = evaluate(model, test_ds, test_ds.feasible(total_subsample(cfg.model)),
-                    tc.batch_frames, device, comm, workers=workers,
-                    intra=tc.intra_threads)["best"].summary()
+                    cfg.batch.batch_frames, device, comm, workers=workers,
+                    intra=cfg.compute.intra_threads)["best"].summary()
     log.metrics(split="test", epoch=state.epoch - 1, step=state.step, **summ)
     log.info(f"test ({cfg.data.test}, best checkpoint): LER {summ['ler']:.4f} (sub "
              f"{summ['sub']:.4f} del {summ['del']:.4f} ins {summ['ins']:.4f}), seq "
@@ -389,7 +387,7 @@ def calibrate_best(log: RunLog, run: RunFolder | None, model, val_ds, val_keep, 
     load_best(run, model, comm)
     if run is None or not run.best.exists():
         return
-    cal = calibrate(model, val_ds, val_keep, cfg.train.batch_frames, device, workers=workers,
+    cal = calibrate(model, val_ds, val_keep, cfg.batch.batch_frames, device, workers=workers,
                     data=str(cfg.data.val))
     if cal.labels == 0:
         log.info("calibration: the best checkpoint emits no label on the validation set; "

@@ -47,7 +47,7 @@ def tune_decoder(args, cfg, ds, model, device, space: int | None, threads: int) 
                    space=args.space, lexicon=args.lexicon, lm=args.lm)
     kept: list[tuple[list[int], np.ndarray, np.ndarray]] = []
     keep = ds.feasible(cfg.model.subsample)
-    counts = evaluate(model, ds, keep, args.batch_frames or cfg.train.batch_frames, device,
+    counts = evaluate(model, ds, keep, args.batch_frames or cfg.batch.batch_frames, device,
                       space=space, workers=threads,
                       on_log_probs=lambda s, lp, n: kept.append((s, lp, n)))
     refs = {s: ds.targets[s].tolist() for seqs, _, _ in kept for s in seqs}
