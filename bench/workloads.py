@@ -114,7 +114,8 @@ def reference_config(folder: Path, train: Path, cell: str = "lstm",
         "model": {"layers": REF_LAYERS, "hidden": REF_HIDDEN, "bidirectional": True,
                   "cell": cell},
         "optim": {"name": "adam", "lr": 1e-3, "clip_norm": 5.0},
-        "train": {"epochs": 1, "batch_frames": batch_frames, "seed": REF_SEED},
+        "train": {"epochs": 1, "seed": REF_SEED},
+        "batch": {"batch_frames": batch_frames},
     })
 
 

@@ -22,7 +22,7 @@ from tests.conftest import ROOT, run_cli, run_cli_batch, train_here
 def config(tmp_path, train_file, val=None, name="exp.toml", **sections) -> str:
     text = f'[data]\ntrain = "{train_file}"\n' + (f'val = "{val}"\n' if val else "")
     body = {"model": {"layers": 1, "hidden": 8},
-            "train": {"epochs": 1, "batch_frames": 200, "threads": 1}}
+            "train": {"epochs": 1}, "batch": {"batch_frames": 200}, "compute": {"threads": 1}}
     for sec, kv in sections.items():
         body.setdefault(sec, {}).update(kv)
     for sec, kv in body.items():
@@ -241,7 +241,7 @@ def test_disk_full_while_checkpointing_keeps_previous(tmp_path, synth_pair):
     the run with a clear error; the previous checkpoint stays valid and resumable."""
     train_nc, _ = synth_pair
     cfg = config(tmp_path, train_nc, model={"hidden": 8, "bidirectional": "false"},
-                 train={"epochs": 2, "batch_frames": 600, "log_every": 1000},
+                 train={"epochs": 2}, batch={"batch_frames": 600}, log={"every_steps": 1000},
                  checkpoint={"every_steps": 4})
     run = tmp_path / "run"
     train_here(cfg, f"run.dir={run}", "train.epochs=1")
@@ -293,7 +293,7 @@ def test_disk_full_large_checkpoint_keeps_previous(tmp_path):
 
 def test_disk_full_while_logging(tmp_path, synth_pair):
     """The metrics log hits the file size limit before any checkpoint: a clean error."""
-    cfg = config(tmp_path, synth_pair[0], train={"batch_frames": 600, "log_every": 1},
+    cfg = config(tmp_path, synth_pair[0], batch={"batch_frames": 600}, log={"every_steps": 1},
                  checkpoint={"every_steps": 0})
     e = dict(os.environ, PYTHONPATH=str(ROOT))
     run = tmp_path / "run"
@@ -317,7 +317,7 @@ def _spiky_run(tmp_path, spike_seqs, **train_section):
     for s in spike_seqs:
         x[offs[s]:offs[s + 1], 0] = 1e30
     spiky = write_nc(tmp_path / "spiky.nc", dict(parts, inputs=x))
-    sections = {"train": {"batch_frames": 40, "epochs": 1, **train_section},
+    sections = {"train": {"epochs": 1, **train_section}, "batch": {"batch_frames": 40},
                 "checkpoint": {"every_steps": 1, "keep_last": 100}}
     first = train_here(config(tmp_path, good, name="good.toml", **sections),
                        f"run.dir={tmp_path / 'first'}")

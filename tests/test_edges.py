@@ -74,7 +74,8 @@ def _cfg(tmp_path, synth_pair, test=False, **train):
     p.write_text(f'[data]\ntrain = "{tr}"\nval = "{val}"\n'
                  + (f'test = "{val}"\n' if test else "")
                  + "[model]\nlayers = 1\nhidden = 12\n[optim]\nlr = 0.01\n"
-                 f"[train]\nepochs = 2\nbatch_frames = 1500\nlog_every = 1\nthreads = 1\n"
+                 "[batch]\nbatch_frames = 1500\n[compute]\nthreads = 1\n[log]\nevery_steps = 1\n"
+                 f"[train]\nepochs = 2\n"
                  f"input_noise = 0.1\n{extra}[checkpoint]\nevery_steps = 2\nkeep_last = 2\n")
     return p
 

@@ -275,9 +275,9 @@ def test_ensembles_that_cannot_combine_are_refused_in_one_line(random_models, sy
 def _fold_config(tmp_path, synth_pair):
     cfg = tmp_path / "cf.toml"
     cfg.write_text(f'[data]\ntrain = "{synth_pair[0]}"\nval = "{synth_pair[1]}"\n'
-                   "[model]\nlayers = 1\nhidden = 8\n[train]\nepochs = 2\nbatch_frames = 600\n"
-                   "threads = 1\ninput_noise = 0.1\n[checkpoint]\nevery_steps = 3\n"
-                   "[log]\nprogress = \"lines\"\n")
+                   "[model]\nlayers = 1\nhidden = 8\n[train]\nepochs = 2\ninput_noise = 0.1\n"
+                   "[batch]\nbatch_frames = 600\n[compute]\nthreads = 1\n"
+                   "[checkpoint]\nevery_steps = 3\n[log]\nprogress = \"lines\"\n")
     return cfg
 
 

@@ -245,7 +245,7 @@ def test_import_is_light_and_every_public_name_resolves():
 def test_python_train_returns_the_run_folder_and_load_reads_it(tmp_path, synth_pair):
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[data]\ntrain = "{synth_pair[0]}"\n[model]\nlayers = 1\nhidden = 8\n'
-                   f'[train]\nepochs = 5\nthreads = 1\n')
+                   f'[train]\nepochs = 5\n[compute]\nthreads = 1\n')
     code = ("import rnntrain, sys\n"
             "run = rnntrain.train(sys.argv[1], 'optim.lr=0.01', train={'epochs': 1}, "
             "run__dir=sys.argv[2])\n"

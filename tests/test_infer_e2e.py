@@ -41,7 +41,8 @@ def run(tmp_path_factory):
     assert r.returncode == 0, r.stderr
     (d / "c.toml").write_text(
         f'[data]\ntrain = "{d / "train.nc"}"\n[model]\nlayers = 1\nhidden = 32\nsubsample = 2\n'
-        f'[optim]\nlr = 0.02\n[train]\nepochs = 15\nbatch_frames = 400\nthreads = 1\n'
+        f'[optim]\nlr = 0.02\n[train]\nepochs = 15\n[batch]\nbatch_frames = 400\n'
+        f'[compute]\nthreads = 1\n'
         f'[run]\ndir = "{d / "run"}"\n')
     r = run_cli("rnntrain", "train", d / "c.toml", timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -293,7 +293,8 @@ def test_tiny_2d_set_overfits_through_cli(tmp_path):
                    "[model]\nfrontend = \"conv\"\nconv_channels = [8, 16]\nconv_pool_h = [2, 2]\n"
                    "conv_pool_w = [1, 1]\nlayers = 1\nhidden = 32\n"
                    "[optim]\nlr = 0.01\nclip_norm = 5.0\n"
-                   "[train]\nepochs = 40\nbatch_frames = 200\nlog_every = 50\nthreads = 1\n")
+                   "[train]\nepochs = 40\n[batch]\nbatch_frames = 200\n[log]\nevery_steps = 50\n"
+                   "[compute]\nthreads = 1\n")
     run = tmp_path / "run"
     out = run_cli("rnntrain", "train", cfg, f"run.dir={run}", timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -319,8 +320,8 @@ def test_conv_2d_sigkill_resume_bit_identical(tmp_path):
                    "[model]\nfrontend = \"conv\"\nconv_channels = [4, 8]\n"
                    "conv_pool_h = [2, 2]\nconv_pool_w = [2, 1]\nconv_dropout = 0.2\n"
                    "layers = 1\nhidden = 16\n"
-                   f"[train]\nepochs = {EPOCHS}\nbatch_frames = 60\nlog_every = 1\n"
-                   "input_noise = 0.1\nthreads = 2\n"
+                   f"[train]\nepochs = {EPOCHS}\ninput_noise = 0.1\n[batch]\nbatch_frames = 60\n"
+                   "[log]\nevery_steps = 1\n[compute]\nthreads = 2\n"
                    f"[checkpoint]\nevery_steps = {EVERY}\nkeep_last = 2\n")
     rc, err = launch(train_cmd(cfg, tmp_path / "straight"))
     assert rc == 0, err[-3000:]
@@ -345,7 +346,8 @@ def test_conv_2d_two_ranks_train_like_one(tmp_path):
     cfg.write_text(f'[data]\ntrain = "{tmp_path / "train.nc"}"\n'
                    "[model]\nfrontend = \"conv\"\nconv_channels = [4, 8]\nconv_pool_h = [2, 2]\n"
                    "conv_pool_w = [2, 1]\nlayers = 1\nhidden = 16\n"
-                   "[train]\nepochs = 1\nbatch_frames = 120\nthreads = 1\nlog_every = 4\n")
+                   "[train]\nepochs = 1\n[batch]\nbatch_frames = 120\n[compute]\nthreads = 1\n"
+                   "[log]\nevery_steps = 4\n")
     r, _ = launch(1, "tests/mpi_train.py", tmp_path, cfg, "serial=batch.batch_multiple=2")
     assert r.returncode == 0, r.stderr[-3000:]
     r, _ = launch(2, "tests/mpi_train.py", tmp_path, cfg, "ar2=dist.mode=allreduce")

@@ -25,15 +25,17 @@ EPOCHS = 2
 EVERY = 3             # checkpoint.every_steps
 
 
-def write_config(tmp: Path, synth_pair, **train) -> Path:
+def write_config(tmp: Path, synth_pair, threads: int | None = None, **train) -> Path:
     train_nc, val_nc = synth_pair
     extra = "".join(f"{k} = {v}\n" for k, v in train.items())
+    threads_line = f"threads = {threads}\n" if threads is not None else ""
     cfg = tmp / "exp.toml"
     cfg.write_text(f'[data]\ntrain = "{train_nc}"\nval = "{val_nc}"\n'
                    f"[model]\nlayers = 1\nhidden = 16\ndropout = 0.0\n"
                    f"[optim]\nname = \"adam\"\nlr = 0.01\n"
-                   f"[train]\nepochs = {EPOCHS}\nbatch_frames = 600\nlog_every = 1\n"
-                   f"input_noise = 0.1\ndeterministic = true\n{extra}"
+                   "[batch]\nbatch_frames = 600\n[log]\nevery_steps = 1\n"
+                   f"[compute]\ndeterministic = true\n{threads_line}"
+                   f"[train]\nepochs = {EPOCHS}\ninput_noise = 0.1\n{extra}"
                    f"[checkpoint]\nevery_steps = {EVERY}\nkeep_last = 2\n")
     return cfg
 

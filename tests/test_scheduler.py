@@ -463,8 +463,8 @@ def test_signal_stops_cleanly_at_a_batch_boundary(synth_pair, tmp_path, sig):
     train, val = synth_pair
     cfg = tmp_path / "exp.toml"
     cfg.write_text(f'[data]\ntrain = "{train}"\nval = "{val}"\n[model]\nlayers = 1\n'
-                   f'hidden = 8\n[train]\nepochs = 200\nbatch_frames = 300\nlog_every = 1\n'
-                   f'threads = 2\n')
+                   f'hidden = 8\n[train]\nepochs = 200\n[batch]\nbatch_frames = 300\n'
+                   f'[log]\nevery_steps = 1\n[compute]\nthreads = 2\n')
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "rnntrain", "train", str(cfg),
                              f"run.dir={run}"], cwd=ROOT, stdout=subprocess.PIPE,
@@ -500,8 +500,8 @@ def test_training_runs_are_bit_identical_with_two_workers(synth_pair, tmp_path):
     train, val = synth_pair
     cfg = tmp_path / "exp.toml"
     cfg.write_text(f'[data]\ntrain = "{train}"\n[model]\nlayers = 2\nhidden = 64\n'
-                   f'[train]\nepochs = 2\nbatch_frames = 3000\nthreads = 2\n'
-                   f'input_noise = 0.1\nlog_every = 1\n')
+                   f'[train]\nepochs = 2\ninput_noise = 0.1\n[batch]\nbatch_frames = 3000\n'
+                   f'[compute]\nthreads = 2\n[log]\nevery_steps = 1\n')
     weights = []
     for name in ("a", "b"):
         r = run_cli("rnntrain", "train", cfg, f"run.dir={tmp_path / name}")
