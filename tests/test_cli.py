@@ -182,7 +182,9 @@ def test_eval_json_schema_and_closed_pipe_and_no_weights_only_advice(tiny, tmp_p
                                       ("rnntrain", "eval", tmp_path / "odd.pt", d / "va.nc")])
     a, b = json.loads(plain.stdout), json.loads(beam.stdout)
     assert a.keys() == b.keys() and a["beam"] is None and a["beam_width"] == 0
-    assert a["best"] == {k: v for k, v in a.items() if k not in ("best", "beam", "beam_width")}
+    assert a["best"] == {k: v for k, v in a.items()
+                         if k not in ("best", "beam", "beam_width", "out_of_alphabet")}
+    assert a["out_of_alphabet"] == b["out_of_alphabet"] == {"lines": 0, "labels": 0}
     assert b["beam"].keys() - {"decoder"} == b["best"].keys()
     assert b["beam_width"] == 3 and a["ler"] == b["ler"] == b["best"]["ler"]
     # `decode ... | head`: the reader goes away before we write
