@@ -11,7 +11,7 @@ speech-like data (written as an RNNLIB .nc file):
 - the share of the ceiling reached end to end (goal >= 95%) and the GPU memory peak.
 
 Without CUDA it returns a section saying it was not run and how to run it. Within about
-10 minutes on one GPU: ``python -m bench.gpu`` (``--quick``: one budget, less data).
+3 minutes on an H200: ``python -m bench.gpu`` (``--quick``: one budget, less data).
 """
 from __future__ import annotations
 
@@ -59,7 +59,8 @@ def end_to_end(path: str, device: str, precision: str, budget: int, layers: int,
 def ceiling(path: str, device: str, precision: str, budget: int, layers: int,
             hidden: int) -> float:
     """The bare step on batches already on the device: the same epoch-2 plan and task
-    split as the trainer's, no reader, no copies, no reduce. → frames/s."""
+    split as the trainer's, no reader, no copies, no reduce; the second pass over them
+    is timed. → frames/s."""
     from rnntrain.data.dataset import Dataset
     from rnntrain.compute.device import autocast_dtype
     from rnntrain.compute.model import CTCModel
@@ -95,7 +96,10 @@ def ceiling(path: str, device: str, precision: str, budget: int, layers: int,
         opt.step()
         opt.zero_grad(set_to_none=False)
 
-    for b in batches[:3]:  # warm-up: cuDNN plans, allocator
+    # Warm-up: one whole untimed pass. Every distinct (N, T) shape costs cuDNN a plan
+    # the first time it is seen; the trainer's epoch 2 (what end to end times) has seen
+    # them all in epoch 1, so the ceiling must too, or it counts plan building as compute.
+    for b in batches:
         step(b)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     sync()
@@ -114,13 +118,16 @@ def measure(path: str, device: str, precision: str, budget: int, layers: int, hi
 
 
 def not_run() -> str:
+    """The section on a machine without CUDA: says so, and points at the figures recorded
+    on a GPU (docs/benchmarks-gpu.md, written by this module's ``__main__`` there)."""
     return ("## GPU: LSTM-CTC on CUDA\n\n"
-            "Not measured yet: no CUDA device was available where this section was "
-            "generated. GPU figures are still to be measured. On a machine with one GPU "
-            f"run `{COMMAND}` (about 10 minutes; `--quick` for a short check): it reports "
-            "frames/s of the reference model (3 x BLSTM-256, 40 inputs, 30 labels + blank) "
-            "end to end and on tensors already on the device (the ceiling), the share of "
-            "the ceiling reached (goal >= 95%) and the GPU memory peak, for fp32 and bf16 "
+            "Not measured in this run: no CUDA device was available where this section was "
+            "generated. The figures recorded on a GPU (an NVIDIA H200, 2026-11-26) and what "
+            "they do and do not show are in docs/benchmarks-gpu.md. On a machine with one GPU "
+            f"run `{COMMAND}` (about 3 minutes on an H200; `--quick` for a short check): it "
+            "reports frames/s of the reference model (3 x BLSTM-256, 40 inputs, 30 labels + "
+            "blank) end to end and on tensors already on the device (the bare loop), the share "
+            "of the bare loop reached (goal >= 95%) and the GPU memory peak, for fp32 and bf16 "
             "at several batch budgets.\n")
 
 

@@ -1,6 +1,8 @@
 """The GPU benchmark's code paths, run small on CPU (its figures come from a GPU)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -14,8 +16,10 @@ def test_measure_runs_end_to_end_and_ceiling_on_cpu(tmp_path):
     assert r["padding"] >= 1.0
 
 
-def test_section_without_cuda_says_not_measured():
+def test_section_without_cuda_says_not_measured_and_points_at_the_recorded_figures():
     if torch.cuda.is_available():
         pytest.skip("CUDA present: the real section comes from `python -m bench.gpu`")
     text = gpu.run(quick=True)
-    assert "Not measured yet" in text and "python -m bench.gpu" in text
+    assert "Not measured in this run" in text and "python -m bench.gpu" in text
+    recorded = Path(__file__).resolve().parents[1] / "docs" / "benchmarks-gpu.md"
+    assert "docs/benchmarks-gpu.md" in text and "| fp32 |" in recorded.read_text()
