@@ -41,6 +41,7 @@ Optimizer = Literal["adam", "sgd"]
 Normalize = Literal["sum", "sequences", "frames"]
 Schedule = Literal["constant", "cosine", "step"]
 Precision = Literal["fp32", "bf16", "fp16"]
+ComputePrecision = Literal["fp32", "bf16", "fp16", "auto"]
 PlanStrategy = Literal["auto", "length", "sharded", "random"]
 Allocator = Literal["cache", "system"]
 ExchangeMode = Literal["allreduce", "master"]
@@ -204,9 +205,11 @@ class ComputeConfig(Section):
     """Where and how each rank computes: device, precision, worker threads, memory."""
     device: str = "auto"
     """"auto", "cpu", "cuda", "cuda:N\""""
-    precision: Precision = "fp32"
+    precision: ComputePrecision = "fp32"
     """"fp32", "bf16" (CPU and CUDA autocast) or "fp16" (CUDA, loss scaling); CTC stays
-    fp32"""
+    fp32. "auto": time a few steps of fp32 and of bf16 on the model and the epoch plan's
+    first batches at start-up (on copies of the weights) and train in the faster; the
+    choice is logged and kept in the checkpoints, so a resume reuses it"""
     deterministic: bool = True
     """CUDA: deterministic cuDNN kernels (the CPU path always is)"""
     threads: int = non_negative(0)

@@ -24,6 +24,9 @@ class TrainState:
     # fp16 only: the dynamic loss scale (``device.LossScaler.state_dict()``), so that a
     # resumed fp16 run continues with the same scale and growth counter; None otherwise
     loss_scale: dict | None = None
+    # compute.precision = "auto": the precision the run chose at its start
+    # (``run.precision``), reused on resume; None otherwise
+    precision: str | None = None
     # MPI ranks of the run that wrote this state, and the segments [ranks, batches] of the
     # epoch in progress trained on other rank counts (see ``on_ranks``)
     world: int = 1
@@ -42,6 +45,8 @@ class TrainState:
                 v = d[f.name]
                 if f.name == "parts":
                     v = [[int(w), int(p)] for w, p in v]
+                elif f.name == "precision":
+                    v = None if v is None else str(v)
                 elif v is not None and f.name != "loss_scale":
                     v = type(getattr(TrainState, f.name))(v)  # int stays int, float float
                 setattr(self, f.name, dict(v) if isinstance(v, dict) else v)

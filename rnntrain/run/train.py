@@ -38,7 +38,7 @@ from rnntrain.parallel.comm import Comm
 from rnntrain.parallel.exchange import overlap_wanted
 from rnntrain.run import checkpoint as ckpt
 from rnntrain import trace
-from rnntrain.run import finetune
+from rnntrain.run import finetune, precision
 from rnntrain.run.average import WeightAverage
 from rnntrain.run.evaluate import evaluate
 from rnntrain.run.faults import StopFlag, pause_point, resume_hint
@@ -96,7 +96,8 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
     trace.attach(lambda: collectives.wait_for_all(comm))  # aligns the ranks' clocks (--trace)
     tc, rank = cfg.train, comm.rank
     device = pick_device(cfg.compute.device, comm.local_rank)
-    autocast_dtype(cfg.compute.precision, device)  # fail now, not after reading data (fp16 needs CUDA)
+    if cfg.compute.precision != "auto":  # fail now, not after reading data (fp16 needs CUDA)
+        autocast_dtype(cfg.compute.precision, device)
     if cfg.compute.deterministic and device.type == "cuda":
         # the CPU path is deterministic by construction (fixed-order reduce, seeded tasks);
         # on a GPU, ask cuDNN for deterministic kernels (CTC's CUDA backward has none: warn)
@@ -165,11 +166,7 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
     collectives.agree(comm, steps_per_epoch, "steps per epoch")
     if note := planner.remainder_note():
         log.info(note)
-    stop, bar, feed = StopFlag(), None, None
-    runner = StepRunner(cfg, model, opt, comm, device, workers, planner,
-                        steps_per_epoch * tc.epochs, augment=augment)
-    runner.grad_mask = finetune.gradient_mask(
-        model, [p for p in model.parameters() if id(p) in frozen], device)
+    stop, bar, feed, runner = StopFlag(), None, None, None
     try:
         if resume:  # rank 0 reads it; the other ranks receive the state in runner.start
             ck = resume_checkpoint(comm, resume, run, train_ds,
@@ -178,6 +175,19 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
                 state.load_state_dict(ck.parts["state"])
                 log.info(f"resumed from {ck.path} at epoch {state.epoch + 1} "
                          f"step {state.step}")
+        # compute.precision = "auto": the checkpoint's choice, or timed now on copies
+        choice = precision.choose(cfg, model, opt, comm, device, workers, planner, augment,
+                                  state)
+        if cfg.compute.precision == "auto":
+            log.info(choice.describe())
+            if choice.fps:
+                log.metrics(**choice.record())
+            state.precision = choice.precision
+        runner = StepRunner(precision.with_precision(cfg, choice.precision), model, opt,
+                            comm, device, workers, planner, steps_per_epoch * tc.epochs,
+                            augment=augment)
+        runner.grad_mask = finetune.gradient_mask(
+            model, [p for p in model.parameters() if id(p) in frozen], device)
         rerank_note = state.on_ranks(comm.size)
         state = runner.start(model, state)  # rank 0's weights/optimizer/state, checksummed
         if resume and (done := finished_note(state, tc, config_path, overrides, run_dir)):
@@ -276,7 +286,8 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
             if obj is not None:
                 obj.close()
         stop.restore()
-        runner.close()
+        if runner is not None:
+            runner.close()
         trace.finish(comm.rank, comm.size, lambda ev: collectives.gather_all(comm, ev),
                      failed=sys.exc_info()[0] is not None)
         log.finish(sys.exc_info()[1], stop.signal, state.state_dict())
