@@ -11,6 +11,10 @@ yardstick of the loop goals, measured right before and after each loop run). Als
 resident memory, and the peephole cell (RNNLIB's LSTM) against the built-in cell on the
 same data.
 
+Every throughput is also shown as a share of the CPU's own measured peak (``bench.peak``: a
+tight FMA loop per core at each vector width the CPU has, beside the theoretical figure
+from /proc/cpuinfo), and the section names the ISA the BLAS and oneDNN dispatch.
+
 Run alone: ``python -m bench.flops [--quick]``.
 """
 from __future__ import annotations
@@ -26,7 +30,7 @@ from rnntrain.compute import allocator
 allocator.configure("cache")
 import torch  # noqa: E402
 
-from bench import workloads as wl  # noqa: E402
+from bench import peak as pk, workloads as wl  # noqa: E402
 
 SHAPES = ((2, 1500), (5, 600), (10, 300), (20, 300))  # (N, T): one task of 3000-6000 frames
 
@@ -127,10 +131,46 @@ def same_tasks_gflops(data: "os.PathLike", precision: str, workers: int, epoch: 
             "balance": r.balance}
 
 
+def fp_widths(fma: dict) -> str:
+    """The FMA loop's rates by width, e.g. "118.2 GFLOP/s (512-bit), 118.2 (256-bit)"."""
+    if not fma:
+        return "not measured (no C compiler)"
+    return ", ".join(f"{g:.1f}{' GFLOP/s' if i == 0 else ''} ({w}-bit)"
+                     for i, (w, g) in enumerate(fma.items()))
+
+
+def implied_clock(phys: float, info) -> str:
+    """The clock the measured peak implies at the FMA datapath's FLOPs per cycle."""
+    pipes, bits, _ = pk.fma_datapath(info)
+    per_cycle = pipes * bits // 32 * 2
+    return f"; the measured peak implies {phys / per_cycle:.2f} GHz" if per_cycle else ""
+
+
+def blas_verdict(mm_best: float, phys: float) -> str:
+    """Whether the BLAS reaches the FMA units' rate (MKL names no code path on AMD CPUs,
+    so its rate against the loop's is the evidence)."""
+    if not phys:
+        return ""
+    share = mm_best / phys
+    if share >= 0.7:
+        return (f"`torch.mm` at its best shape reaches {share:.0%} of the FMA loop's rate: "
+                "the BLAS runs the FMA units near their peak; the distance to the peak "
+                "is in the LSTM kernels (the model's step alone, above).")
+    return (f"`torch.mm` at its best shape reaches only {share:.0%} of the FMA loop's rate: "
+            "the BLAS's code path leaves the FMA units idle on this CPU.")
+
+
 def run(quick: bool = False) -> str:
     from rnntrain.compute.model import training_flops_per_frame
     cores = os.cpu_count() or 1
     n, reps = (1024, 3) if quick else (3072, 5)
+    # the physical yardstick first, on a machine not yet warmed by our own runs
+    info = pk.CpuInfo.read()
+    fma = pk.fma_loop_gflops(info.widths(), reps=50 if quick else 200)
+    theory = pk.theoretical_gflops(info)
+    phys = max(fma.values()) if fma else theory  # one core's fp32 peak, GFLOP/s
+    mm_best, mm_n = pk.mm_best_gflops(reps=10 if quick else 40)
+    disp = pk.dispatch()
     peak1 = matmul_gflops(1, n, reps)
     peakn = matmul_gflops(cores, n, reps)
     peak_bf16 = matmul_gflops(1, n, reps, torch.bfloat16)
@@ -171,48 +211,73 @@ def run(quick: bool = False) -> str:
     m = wl.machine()
     q = " --quick" if quick else ""
 
+    def of_peak(gflops, used=1):
+        """The share of ``used`` cores' measured fp32 peak."""
+        return f"{gflops / (used * phys):.0%}" if phys else "-"
+
     def alone_row(p):
         a = alone[p]
         return (f"| the loop's own tasks alone, {p}, 1 thread ({a['tasks']} tasks of epoch 2, "
                 f"{a['seqs_per_task']:.1f} sequences each; before / after the loop run) | "
                 f"{a['gflops']:.1f} GFLOP/s ({a['spread'][0]:.1f} / {a['spread'][1]:.1f}); "
-                f"the split's balance on {cores} workers {a['balance']:.0%} |")
+                f"the split's balance on {cores} workers {a['balance']:.0%} | "
+                f"{of_peak(a['gflops'])} |")
 
     def loop_row(p, label):
         u, a = useful[p], alone[p]["gflops"]
         return (f"| rnntrain, reference model, {label} | {loops[p]['frames_per_s']:,.0f} frames/s "
                 f"= {u:.1f} useful GFLOP/s = **{u / (cores * a):.0%} of {cores} x its tasks "
                 f"alone** (goal >= {goal[p]:.0%}); {u / (cores * kern[p]):.0%} of {cores} x the "
-                "fixed-shape step |")
+                f"fixed-shape step | {of_peak(u, cores)} |")
 
     return "\n".join([
         "## Useful-FLOP rate and memory (reference model)", "",
         f"`python -m bench.flops{q}` on {m['cpu']}, {cores} cores, torch {m['torch']}.", "",
-        "| figure | value |", "|---|---:|",
-        f"| fp32 matmul peak, 1 thread (`torch.mm` {n}x{n}) | {peak1:.1f} GFLOP/s |",
+        "| figure | value | share of the CPU's measured fp32 peak |", "|---|---:|---:|",
+        f"| **CPU fp32 peak, 1 core, measured**: FMA loop (12 accumulators), by vector "
+        f"width | {fp_widths(fma)} | 100% |",
+        f"| theoretical, 1 core: {pk.fma_datapath(info)[2]} x 2 FLOPs x {info.mhz:.0f} MHz "
+        f"(/proc/cpuinfo's clock) | {theory:.1f} GFLOP/s{implied_clock(phys, info)} | "
+        f"{of_peak(theory)} |",
+        f"| `torch.mm` fp32, 1 thread, best square shape (n={mm_n}, best of many short "
+        f"runs) | {mm_best:.1f} GFLOP/s | {of_peak(mm_best)} |",
+        f"| fp32 matmul peak, 1 thread (`torch.mm` {n}x{n}; the cap's yardstick) | "
+        f"{peak1:.1f} GFLOP/s | {of_peak(peak1)} |",
         f"| fp32 matmul peak, {cores} threads | {peakn:.1f} GFLOP/s "
-        f"({peakn / peak1:.2f}x one thread) |",
-        f"| training FLOPs per frame (`training_flops_per_frame`) | {fpf / 1e6:.2f} MFLOP |",
-        f"| cap: {cores} x one-thread peak / FLOPs per frame | {cap_fps:,.0f} frames/s |",
+        f"({peakn / peak1:.2f}x one thread) | {of_peak(peakn, cores)} |",
+        f"| training FLOPs per frame (`training_flops_per_frame`) | {fpf / 1e6:.2f} MFLOP | |",
+        f"| cap: {cores} x one-thread peak / FLOPs per frame | {cap_fps:,.0f} frames/s | "
+        f"{of_peak(cap_gflops, cores)} |",
         f"| the model's step alone, fp32, 1 thread, fixed shape (N=20, T=300) | "
-        f"{kern['fp32']:.1f} GFLOP/s = {kern['fp32'] / peak1:.0%} of the fp32 peak |",
+        f"{kern['fp32']:.1f} GFLOP/s = {kern['fp32'] / peak1:.0%} of the fp32 peak | "
+        f"{of_peak(kern['fp32'])} |",
         alone_row("fp32"),
         loop_row("fp32", "fp32"),
         f"| **fp32: share of the cap** (goal >= 85%) | **{useful['fp32'] / cap_gflops:.0%}** "
-        f"({lstm['frames_per_s'] / issue_cap_fps:.0%} of the issue's 8,500 frames/s) |",
+        f"({lstm['frames_per_s'] / issue_cap_fps:.0%} of the issue's 8,500 frames/s) | "
+        f"**{of_peak(useful['fp32'], cores)}** |",
         f"| bf16 matmul peak, 1 thread (AMX/AVX-512 where the CPU has them) | "
-        f"{peak_bf16:.1f} GFLOP/s ({peak_bf16 / peak1:.1f}x fp32) |",
+        f"{peak_bf16:.1f} GFLOP/s ({peak_bf16 / peak1:.1f}x fp32) | {of_peak(peak_bf16)} |",
         f"| the model's step alone, bf16, 1 thread, fixed shape (N=20, T=300) | "
-        f"{kern['bf16']:.1f} GFLOP/s ({kern['bf16'] / kern['fp32']:.2f}x fp32) |",
+        f"{kern['bf16']:.1f} GFLOP/s ({kern['bf16'] / kern['fp32']:.2f}x fp32) | "
+        f"{of_peak(kern['bf16'])} |",
         alone_row("bf16"),
         loop_row("bf16", '`compute.precision = "bf16"`'),
         f"| **bf16: share of the fp32 cap** | **{useful['bf16'] / cap_gflops:.0%}** "
-        f"({bf16['frames_per_s'] / issue_cap_fps:.0%} of the issue's 8,500 frames/s) |",
+        f"({bf16['frames_per_s'] / issue_cap_fps:.0%} of the issue's 8,500 frames/s) | "
+        f"**{of_peak(useful['bf16'], cores)}** |",
         f"| peak RSS of `rnntrain train` (whole process) | {lstm['maxrss_mb']:,.0f} MB fp32, "
-        f"{bf16['maxrss_mb']:,.0f} MB bf16 |",
+        f"{bf16['maxrss_mb']:,.0f} MB bf16 | |",
         f"| peephole cell (RNNLIB's LSTM) vs built-in nn.LSTM, same data | "
         f"{peep['frames_per_s']:,.0f} vs {peep_lstm['frames_per_s']:,.0f} frames/s = "
-        f"**{peep['frames_per_s'] / peep_lstm['frames_per_s']:.2f}x** (goal >= 0.5x) |", "",
+        f"**{peep['frames_per_s'] / peep_lstm['frames_per_s']:.2f}x** (goal >= 0.5x) | |", "",
+        f"- the physical yardstick: one core's fp32 FMA rate measured by a C loop "
+        f"(`bench/peak.py`, built with the system's C compiler at bench time; best of many "
+        f"~1 ms repetitions, which a busy machine rarely preempts), at each width the CPU "
+        f"has. The last column divides each rate by that peak x the cores the row uses "
+        f"(bf16 rows too: avx512_bf16's dot product does two multiply-adds per fp32 lane, "
+        f"so bf16's own peak is twice this). Which ISA runs: {pk.describe_dispatch(disp)}. "
+        f"{blas_verdict(mm_best, phys)}",
         "- reference model: 3-layer BLSTM, 256 per direction, 40 inputs, 30 labels + blank; "
         f"{'60' if quick else '240'} sequences of speech-like lengths (median 300 frames), "
         f"`batch.batch_frames = {wl.REF_BATCH_FRAMES}`, {epochs} epochs (the mean of all but "
@@ -238,7 +303,12 @@ def run(quick: bool = False) -> str:
         "products are small, and the gate math is memory-bound). A hand-written LSTM (one "
         "big input product, a per-step loop) was tried and measured no faster than oneDNN "
         "on this model. bf16 runs the forward kernels several times faster; its backward "
-        "kernel gains less, and narrow tasks (long sequences, few per batch) lose more.",
+        "kernel gains less, and narrow tasks (long sequences, few per batch) lose more: "
+        "which precision wins depends on the data's lengths and the CPU, so "
+        "`compute.precision = \"auto\"` times both on the run's own first batches "
+        "(README, *Precision on the CPU*). Here oneDNN ran the LSTM's forward with "
+        f"`{disp['impl'].get('rnn forward_training f32', '?')}` in fp32 and "
+        f"`{disp['impl'].get('rnn forward_training bf16', '?')}` in bf16.",
         f"- peephole row: {'30' if quick else '80'} sequences, both cells in rnntrain with "
         "the same config; the peephole cell runs a Python-level time loop with a "
         "hand-written backward (`rnntrain/compute/peephole.py`).", "",

@@ -221,3 +221,81 @@ def test_augment_bench_times_every_frame_of_the_data(synth_pair):
     us, frames = augmenter_cost(synth_pair[0], "speech",
                                 ROOT / "configs" / "fsdd_digits.toml")
     assert frames == int(Dataset.open(str(synth_pair[0])).lengths.sum()) and us > 0
+
+
+CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model name\t: AMD EPYC 9354
+cpu MHz\t\t: 2600.000
+flags\t\t: fpu sse2 avx fma avx2 avx512f avx512_bf16
+
+processor\t: 1
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model name\t: AMD EPYC 9354
+cpu MHz\t\t: 3700.000
+flags\t\t: fpu sse2 avx fma avx2 avx512f avx512_bf16
+"""
+
+
+def test_cpuinfo_gives_widths_and_the_theoretical_peak():
+    """The first processor's entry is read; Zen 4 (AMD family 25 with AVX-512): two
+    256-bit pipes, 8 fp32 lanes each, 2 FLOPs per FMA, at 2.6 GHz = 83.2 GFLOP/s a core;
+    the same flags on family 26 (Zen 5): two 512-bit pipes; AVX2 only: 256-bit."""
+    from bench.peak import CpuInfo, theoretical_gflops
+    info = CpuInfo.parse(CPUINFO)
+    assert (info.model, info.family, info.mhz) == ("AMD EPYC 9354", 25, 2600.0)
+    assert info.widths() == [512, 256]
+    assert theoretical_gflops(info) == pytest.approx(2 * 8 * 2 * 2.6)
+    assert theoretical_gflops(info, cores=2) == pytest.approx(2 * 2 * 8 * 2 * 2.6)
+    zen5 = CpuInfo.parse(CPUINFO.replace("family\t: 25", "family\t: 26"))
+    assert theoretical_gflops(zen5) == pytest.approx(2 * 16 * 2 * 2.6)
+    avx2 = CpuInfo.parse(CPUINFO.replace(" avx512f avx512_bf16", ""))
+    assert avx2.widths() == [256] and theoretical_gflops(avx2) == pytest.approx(83.2)
+
+
+def test_fma_loop_computes_the_multiply_adds_it_counts(tmp_path):
+    """The peak loop's accumulators end where the recurrence c = c * a + b, run in float64,
+    ends after iters x reps steps from 0..11: the FMAs it counts are really executed."""
+    from bench.peak import CpuInfo, compile_fma_loop, run_fma_loop
+    widths = CpuInfo.read().widths()
+    if not widths:
+        pytest.skip("no FMA instructions on this CPU")
+    exe = compile_fma_loop(widths[-1], tmp_path)
+    if exe is None:
+        pytest.skip("no C compiler")
+    a, b, steps = 0.999, 0.01, 300 * 2
+    gflops, acc = run_fma_loop(exe, iters=300, reps=2, a=a, b=b)
+    want = np.arange(12, dtype=np.float64)
+    for _ in range(steps):
+        want = want * np.float32(a) + np.float32(b)
+    assert gflops > 0
+    np.testing.assert_allclose(acc, want, rtol=1e-4)
+
+
+def test_verbose_parsing_on_a_real_mkl_and_onednn_run():
+    """``dispatch`` runs a real subprocess with MKL_VERBOSE / ONEDNN_VERBOSE: the parsed
+    ISA is the one on oneDNN's "isa:" line and each implementation named for the LSTM is
+    the one on an executed rnn line of that run."""
+    import os
+    import subprocess
+    import sys
+    from bench.peak import _PROBE, parse_verbose
+    env = dict(os.environ, MKL_VERBOSE="1", ONEDNN_VERBOSE="1")
+    r = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = r.stdout + r.stderr
+    d = parse_verbose(text)
+    isa_lines = [ln for ln in text.splitlines() if ",isa:" in ln]
+    assert d["onednn_isa"] and isa_lines and isa_lines[0].endswith("isa:" + d["onednn_isa"])
+    rnn = [ln.split(",") for ln in text.splitlines() if ",exec,cpu,rnn," in ln]
+    assert rnn, "oneDNN ran no LSTM"
+    for key in ("rnn forward_training f32", "rnn backward f32"):
+        prop = key.split()[1]
+        impls = {p[p.index("rnn") + 1] for p in rnn if p[p.index("rnn") + 2] == prop
+                 and "src_layer:f32" in ",".join(p)}
+        assert d["impl"][key] in impls, key
+    if "MKL_VERBOSE" in text:  # torch built with MKL: its banner, not a GEMM call line
+        assert d["mkl"] and "GEMM(" not in d["mkl"]
