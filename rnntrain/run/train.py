@@ -182,7 +182,9 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
             log.info(choice.describe())
             if choice.fps:
                 log.metrics(**choice.record())
-            state.precision = choice.precision
+        # what the checkpoints record: only an "auto" run's choice (a run resumed with an
+        # explicit precision drops an older auto choice)
+        state.precision = choice.precision if cfg.compute.precision == "auto" else None
         runner = StepRunner(precision.with_precision(cfg, choice.precision), model, opt,
                             comm, device, workers, planner, steps_per_epoch * tc.epochs,
                             augment=augment)
