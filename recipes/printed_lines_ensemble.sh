@@ -8,6 +8,8 @@
 #
 # Environment: FOLDS (default 5), AUGMENT (default "lines": the [augment] preset every fold
 # trains with: rnntrain.augment; "none" trains without),
+# (measured on the single model at 6 epochs, the preset hurt the unseen font: 55.3 % against
+# 33.5 % CER; the 12-epoch folds with and without it are not measured: docs/accuracy.md),
 # and recipes/printed_lines.sh's TRAIN_LINES, VAL_LINES, TEST_LINES.
 # Data go to data/printed_lines/ (made once, shared with printed_lines.sh), the folds to
 # runs/printed_lines_ensemble/fold-0 .. fold-4. Run it again after an interruption: the
