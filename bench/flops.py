@@ -198,6 +198,14 @@ def run(quick: bool = False) -> str:
         alone[p] = dict(before, gflops=(before["gflops"] + after["gflops"]) / 2,
                         spread=(before["gflops"], after["gflops"]))
     lstm, bf16 = loops["fp32"], loops["bf16"]
+    # the same fp32 run under the other allocator policies, right after: peak RSS and
+    # speed of each beside `cache`'s (compute.allocator; docs/benchmarks.md, memory)
+    policies = {}
+    for pol in ("capped", "system"):
+        policies[pol] = wl.run_rnntrain(cfg, [f"train.epochs={epochs}",
+                                              f"compute.allocator={pol}"],
+                                        folder / f"run_fp32_{pol}")
+        policies[pol]["frames_per_s"] = timed_fps(policies[pol])
     shapes = {(n, t): {p: kernel_gflops(p, n, t, reps=1 if quick else 2)
                        for p in ("fp32", "bf16")} for n, t in SHAPES}
     small = wl.reference_data(folder, 30 if quick else 80, seed=8)
@@ -268,6 +276,11 @@ def run(quick: bool = False) -> str:
         f"**{of_peak(useful['bf16'], cores)}** |",
         f"| peak RSS of `rnntrain train` (whole process) | {lstm['maxrss_mb']:,.0f} MB fp32, "
         f"{bf16['maxrss_mb']:,.0f} MB bf16 | |",
+        *[f"| fp32 under `compute.allocator = \"{pol}\"` (run right after) | "
+          f"{r['maxrss_mb']:,.0f} MB peak RSS (`cache`: "
+          f"{lstm['maxrss_mb'] / r['maxrss_mb'] - 1:+.0%}), {r['frames_per_s']:,.0f} frames/s "
+          f"= {r['frames_per_s'] / lstm['frames_per_s']:.0%} of `cache`'s | |"
+          for pol, r in policies.items()],
         f"| peephole cell (RNNLIB's LSTM) vs built-in nn.LSTM, same data | "
         f"{peep['frames_per_s']:,.0f} vs {peep_lstm['frames_per_s']:,.0f} frames/s = "
         f"**{peep['frames_per_s'] / peep_lstm['frames_per_s']:.2f}x** (goal >= 0.5x) | |", "",

@@ -43,7 +43,7 @@ Schedule = Literal["constant", "cosine", "step"]
 Precision = Literal["fp32", "bf16", "fp16"]
 ComputePrecision = Literal["fp32", "bf16", "fp16", "auto"]
 PlanStrategy = Literal["auto", "length", "sharded", "random"]
-Allocator = Literal["cache", "system"]
+Allocator = Literal["cache", "capped", "system"]
 ExchangeMode = Literal["allreduce", "master"]
 DistBackend = Literal["auto", "mpi", "torch"]
 Overlap = Literal["auto", "on", "off"]
@@ -220,9 +220,10 @@ class ComputeConfig(Section):
     """micro-batches per worker per batch (load balance)"""
     allocator: Allocator = "cache"
     """"cache": freed memory stays in the process for the next step's tensors (no page
-    faults after the first steps; a higher resident peak); "system": glibc's defaults,
-    large blocks go back to the kernel at once (rnntrain.compute.allocator). ``rnntrain
-    eval`` and ``decode`` apply the checkpoint's policy too"""
+    faults after the first steps; a higher resident peak); "capped": the same for blocks up
+    to 32 MiB, larger ones go back to the kernel (a bounded peak); "system": glibc's
+    defaults, large blocks go back to the kernel at once (rnntrain.compute.allocator).
+    ``rnntrain eval`` and ``decode`` apply the checkpoint's policy too"""
 
 
 @dataclass

@@ -12,9 +12,21 @@ reference model a third of a core went to the kernel (docs/threads.md, "The allo
 model allocates larger blocks: mapped fresh each time, they cost it 60,000-90,000 page
 faults per task) and to keep what is freed (``M_TRIM_THRESHOLD``): after the first steps
 the process reuses its own pages. The price is a higher resident peak, since freed
-blocks of one shape cannot always serve the next shape. ``system`` leaves glibc's
-defaults. Elsewhere than glibc (musl, macOS) both are the same. ``rnntrain eval`` and
-``decode`` apply the checkpoint's policy as well.
+blocks of one shape cannot always serve the next shape: the reference model peaks 1.6x
+higher than under ``system``.
+
+``capped`` bounds that peak: the same single arena and no trimming, but every block over
+``CACHE_CAP`` (32 MiB, the most glibc's mmap threshold can be: ``M_MMAP_THRESHOLD``) is
+mapped from the kernel and given back on ``free``, as under ``system``. Those are the
+few largest workspaces, whose sizes follow each task's T x N, so no freed one fits the
+next; kept in the heap they fragment it, with small live blocks pinned between them.
+Everything smaller is kept and reused. On the reference model with one worker it peaked
+8-18 % over ``system`` (``cache``: +55-62 %) at ``cache``'s speed in fp32; with two
+workers it still peaks well above ``system``, and the large blocks fault their pages in
+every task again, which costs bf16 more (docs/benchmarks.md, "Peak RSS by allocator
+policy"). ``system`` leaves glibc's defaults. Elsewhere than glibc (musl, macOS) all
+three are the same. ``rnntrain eval`` and ``decode`` apply the checkpoint's policy as
+well.
 
 ``trim`` hands the heap's free pages back to the kernel (``malloc_trim``). The loop calls
 it when an epoch moves from one data chunk to the next: freed blocks that no later shape
@@ -31,7 +43,8 @@ import ctypes.util
 import functools
 from typing import Literal
 
-M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -3, -4, -8
+CACHE_CAP = 32 * 2**20  # bytes: under "capped", larger blocks are mapped and unmapped
 _applied: str | None = None
 
 
@@ -48,15 +61,15 @@ def _libc():
 
 
 def trim() -> bool:
-    """Return the heap's free pages to the kernel, under ``cache`` only (glibc's own
-    policy already does under ``system``). True when something was released."""
-    if _applied != "cache":
+    """Return the heap's free pages to the kernel, under ``cache`` and ``capped`` only
+    (glibc's own policy already does under ``system``). True when something was released."""
+    if _applied not in ("cache", "capped"):
         return False
     libc = _libc()
     return bool(libc is not None and libc.malloc_trim(0))
 
 
-def configure(mode: Literal["cache", "system"]) -> bool:
+def configure(mode: Literal["cache", "capped", "system"]) -> bool:
     """Set the allocator policy for this process (call before torch starts threads: the
     arena limit only holds for threads that have not allocated yet). Returns True when
     the policy took effect (glibc), False otherwise. Idempotent."""
@@ -68,7 +81,9 @@ def configure(mode: Literal["cache", "system"]) -> bool:
     libc = _libc()
     if libc is None:
         return False
+    large = ([(M_MMAP_MAX, 0)] if mode == "cache" else    # glibc's default count, the cap
+             [(M_MMAP_MAX, 65536), (M_MMAP_THRESHOLD, CACHE_CAP)])
     ok = all(libc.mallopt(p, v) == 1 for p, v in (
-        (M_MMAP_MAX, 0), (M_ARENA_MAX, 1), (M_TRIM_THRESHOLD, 2**31 - 1)))
+        *large, (M_ARENA_MAX, 1), (M_TRIM_THRESHOLD, 2**31 - 1)))
     _applied = mode if ok else None
     return ok
