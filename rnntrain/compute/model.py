@@ -35,19 +35,54 @@ def stack_frames(x: torch.Tensor, lengths: torch.Tensor, k: int):
     return x, (lengths + k - 1) // k
 
 
+class PaddedGeometry:
+    """What every layer of one zero-padded batch shares, computed once per forward rather
+    than once per layer and direction: the valid-frame mask and the index that reverses
+    each sequence within its own length. A worker holds the GIL for every small tensor op
+    it dispatches, so each op saved here is time the other worker does not wait
+    (docs/threads.md, "What two workers shared").
+
+    t: padded length T, lengths: (N,) int64 on the CPU, device: where x lives.
+    """
+
+    def __init__(self, t: int, lengths: torch.Tensor, device: torch.device):
+        self.device = device
+        self.equal = bool((lengths == t).all())   # one fused call, nothing to mask
+        src = lengths.unsqueeze(0) - 1 - torch.arange(t).unsqueeze(1)    # (T, N)
+        self.valid = (src >= 0).unsqueeze(-1)     # (T, N, 1) bool: t < length
+        self.src = src.clamp(min=0).to(device).unsqueeze(-1)             # (T, N, 1)
+        self._masks: dict = {}
+        self._index: dict = {}
+
+    def mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """(T, N, 1) 1 on valid frames, 0 on padding, in ``dtype`` on the device."""
+        m = self._masks.get(dtype)
+        if m is None:
+            m = self._masks[dtype] = self.valid.to(dtype).to(self.device)
+        return m
+
+    def index(self, width: int) -> torch.Tensor:
+        """(T, N, width) source frame of each output frame of ``reverse``."""
+        i = self._index.get(width)
+        if i is None:
+            i = self._index[width] = self.src.expand(-1, -1, width)
+        return i
+
+    def reverse(self, x: torch.Tensor) -> torch.Tensor:
+        """x (T, N, F) → each sequence reversed within its length, zero padding."""
+        return x.gather(0, self.index(x.shape[2])) * self.mask(x.dtype)
+
+
 def reverse_padded(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """Reverse each sequence within its own length; padding stays (zero) at the end.
 
     x: (T, N, F), lengths: (N,) → (T, N, F). Its own inverse on the valid frames.
     """
-    t = torch.arange(x.shape[0]).unsqueeze(1)                  # (T, 1)
-    src = lengths.unsqueeze(0) - 1 - t                          # (T, N)
-    valid = (src >= 0).unsqueeze(-1).to(x.dtype)                # (T, N, 1)
-    src = src.clamp(min=0).to(x.device).unsqueeze(-1).expand(-1, -1, x.shape[2])
-    return x.gather(0, src) * valid.to(x.device)
+    return PaddedGeometry(x.shape[0], lengths, x.device).reverse(x)
 
 
-def lstm_padded(rnn: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+def lstm_padded(rnn: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor,
+                geom: PaddedGeometry | None = None) -> torch.Tensor:
     """A single-layer ``nn.LSTM`` over a zero-padded batch, exactly as with packing.
 
     On the CPU, PackedSequence input of unequal lengths falls back to a per-time-step
@@ -55,22 +90,22 @@ def lstm_padded(rnn: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor) -> torch.T
     step (O(T^2); docs/threads.md, "The CPU LSTM path"); padded input takes the fused
     oneDNN kernel. The forward direction is exact on padded input (padding comes after the
     frames); the backward direction runs on each sequence reversed within its length.
-    x: (T, N, F) zero-padded, lengths: (N,) → (T, N, D*H), zero at padding.
+    x: (T, N, F) zero-padded, lengths: (N,) → (T, N, D*H), zero at padding. ``geom``: the
+    batch's ``PaddedGeometry`` when the caller runs several layers over the same batch.
     """
-    t = x.shape[0]
-    if bool((lengths == t).all()):   # equal lengths: one fused call, nothing to mask
+    if geom is None:
+        geom = PaddedGeometry(x.shape[0], lengths, x.device)
+    if geom.equal:
         return rnn(x)[0]
-    mask = (torch.arange(t).unsqueeze(1) < lengths.unsqueeze(0)).unsqueeze(-1)  # (T, N, 1)
-    mask = mask.to(device=x.device, dtype=x.dtype)
     w = rnn._flat_weights
     per_dir = len(w) // (2 if rnn.bidirectional else 1)
     outs = []
     for d in range(2 if rnn.bidirectional else 1):
-        xin = x if d == 0 else reverse_padded(x, lengths)
+        xin = x if d == 0 else geom.reverse(x)
         y = torch._VF.lstm(xin, _zero_state(rnn, x), w[d * per_dir:(d + 1) * per_dir],
                            rnn.bias, 1, 0.0, rnn.training, False, False)[0]
-        outs.append(y if d == 0 else reverse_padded(y, lengths))
-    return torch.cat(outs, dim=-1) * mask
+        outs.append(y if d == 0 else geom.reverse(y))
+    return torch.cat(outs, dim=-1) * geom.mask(x.dtype)
 
 
 def _zero_state(rnn: nn.LSTM, x: torch.Tensor):
@@ -112,9 +147,7 @@ class CTCModel(nn.Module):
         if self.frontend is not None:
             x, lengths = self.frontend(x, lengths, generator)
         x, lengths = stack_frames(x, lengths, self.subsample)
-        # lengths already longest-first (as the trainer collates them): pack without the
-        # permutation, whose index copy to a GPU would block the host
-        is_sorted = bool((lengths[:-1] >= lengths[1:]).all())
+        geom = None   # the CPU path's per-batch mask and reversal index, built once
         for i, rnn in enumerate(self.rnns):
             if i and self.dropout and self.training:
                 keep = 1.0 - self.dropout
@@ -123,10 +156,15 @@ class CTCModel(nn.Module):
                     mask = mask.pin_memory().to(x.device, non_blocking=True)
                 x = x * (mask.to(x.device) / keep)  # one mask per sequence, shared over time
             if isinstance(rnn, nn.LSTM) and x.device.type == "cpu":
-                x = lstm_padded(rnn, x, lengths)
+                if geom is None:
+                    geom = PaddedGeometry(x.shape[0], lengths, x.device)
+                x = lstm_padded(rnn, x, lengths, geom)
             elif hasattr(rnn, "forward_padded"):  # the peephole cell: padded in, padded out
                 x = rnn.forward_padded(x, lengths)
             else:
+                # lengths already longest-first (as the trainer collates them): pack
+                # without the permutation, whose index copy to a GPU would block the host
+                is_sorted = bool((lengths[:-1] >= lengths[1:]).all())
                 packed = pack_padded_sequence(x, lengths, enforce_sorted=is_sorted)
                 x, _ = pad_packed_sequence(rnn(packed)[0], total_length=x.shape[0])
         return F.log_softmax(self.out(x).float(), dim=-1), lengths
@@ -217,8 +255,10 @@ def ctc_loss_sum(log_probs: torch.Tensor, out_lengths: torch.Tensor, targets: li
     must have been filtered: see ``rnntrain.data.dataset.min_frames``).
     """
     tl = torch.tensor([len(t) for t in targets], dtype=torch.long)
-    flat = torch.cat([torch.as_tensor(t, dtype=torch.long) for t in targets]) if int(tl.sum()) \
-        else torch.zeros(0, dtype=torch.long)
+    # one numpy concatenation and one tensor, not one tensor per sequence: a worker holds
+    # the GIL for each (docs/threads.md, "What two workers shared")
+    flat = torch.from_numpy(np.concatenate(targets).astype(np.int64, copy=False)) \
+        if int(tl.sum()) else torch.zeros(0, dtype=torch.long)
     dev = log_probs.device
     if dev.type == "cuda":  # the lengths stay on the host: ctc_loss reads them there
         flat = flat.pin_memory().to(dev, non_blocking=True)
