@@ -22,8 +22,8 @@ few largest workspaces, whose sizes follow each task's T x N, so no freed one fi
 next; kept in the heap they fragment it, with small live blocks pinned between them.
 Everything smaller is kept and reused. On the reference model with one worker it peaked
 8-18 % over ``system`` (``cache``: +55-62 %) at ``cache``'s speed in fp32; with two
-workers it still peaks well above ``system``, and the large blocks fault their pages in
-every task again, which costs bf16 more (docs/benchmarks.md, "Peak RSS by allocator
+workers +18 % (``cache``: +45 %), and the large blocks fault their pages in every task
+again, which costs bf16 more (docs/benchmarks.md, "Peak RSS by allocator
 policy"). ``system`` leaves glibc's defaults. Elsewhere than glibc (musl, macOS) all
 three are the same. ``rnntrain eval`` and ``decode`` apply the checkpoint's policy as
 well.
