@@ -63,6 +63,27 @@ class Paused:
         self.watchdog.cancel()
 
 
+def _wait_unowned(run: Path, timeout: float = 120):
+    """Until no process holds the run folder's lock. Killing mpiexec's process group does
+    not kill the ranks at once (each rank runs in a session of its own): rank 0 may still
+    be writing metrics.jsonl for a moment after ``Paused.kill`` returns."""
+    import fcntl
+    import time
+    fd = os.open(run / "lock", os.O_RDONLY)
+    try:
+        t0 = time.monotonic()
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                return
+            except BlockingIOError:
+                assert time.monotonic() - t0 < timeout, f"{run} is still owned"
+                time.sleep(0.05)
+    finally:
+        os.close(fd)
+
+
 def _train_cmd(cfg, run, *extra):
     return [sys.executable, "-m", "rnntrain", "train", str(cfg), f"run.dir={run}", *extra]
 
@@ -551,6 +572,7 @@ def test_resume_on_another_rank_count_trains_each_sequence_once(tmp_path, synth_
     run = tmp_path / "run"
     two = [_mpiexec(), "-n", "2", *_train_cmd(cfg, run)]
     Paused(two, "step:5").kill()  # checkpoints at steps 2 and 4
+    _wait_unowned(run)  # the ranks outlive mpiexec for a moment
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     ck = torch.load(run / "checkpoints" / "step-00000004.pt", weights_only=True)
     assert ck["state"]["world"] == 2 and ck["state"]["pos"] == 4
