@@ -158,6 +158,19 @@ def _line_text(line) -> str | None:
     return (u.text or "") if u is not None else None
 
 
+def _text_lines(path: Path, root, id_attr: str):
+    """→ (id, where, element) of every TextLine under ``root`` in document order (PAGE's
+    ``id``, ALTO's ``ID``; ``#n`` for a line without one); an id used twice is an error."""
+    seen = set()
+    for n, line in enumerate((e for e in root.iter() if local(e.tag) == "TextLine"), 1):
+        lid = line.get(id_attr) or f"#{n}"
+        where = f"{path} TextLine {lid}"
+        if lid in seen:
+            raise UserError(f"{where}: the {id_attr} is used twice")
+        seen.add(lid)
+        yield lid, where, line
+
+
 def _parse_page_xml(path: Path, root, with_empty: bool = False) -> Page:
     page_el = kid(root, "Page")
     if page_el is None:
@@ -167,13 +180,7 @@ def _parse_page_xml(path: Path, root, with_empty: bool = False) -> Page:
         page.size = (int(page_el.get("imageWidth")), int(page_el.get("imageHeight")))
     except (TypeError, ValueError):
         page.size = None
-    seen = set()
-    for n, line in enumerate((e for e in page_el.iter() if local(e.tag) == "TextLine"), 1):
-        lid = line.get("id") or f"#{n}"
-        where = f"{path} TextLine {lid}"
-        if lid in seen:
-            raise UserError(f"{where}: the id is used twice")
-        seen.add(lid)
+    for lid, where, line in _text_lines(path, page_el, "id"):
         text = _line_text(line)
         if not text or not text.strip():
             page.empty += 1
@@ -218,13 +225,7 @@ def _parse_alto(path: Path, root) -> Page:
             page.size = (int(float(pg.get("WIDTH"))), int(float(pg.get("HEIGHT"))))
         except (TypeError, ValueError):
             page.size = None
-    seen = set()
-    for n, line in enumerate((e for e in root.iter() if local(e.tag) == "TextLine"), 1):
-        lid = line.get("ID") or f"#{n}"
-        where = f"{path} TextLine {lid}"
-        if lid in seen:
-            raise UserError(f"{where}: the ID is used twice")
-        seen.add(lid)
+    for lid, where, line in _text_lines(path, root, "ID"):
         text = _alto_text(line, where)
         if not text.strip():
             page.empty += 1
