@@ -112,6 +112,38 @@ def remove_dead_temps(path) -> list[Path]:
     return gone
 
 
+
+def drop_torn_tail(path, block: int = 1 << 16) -> int:
+    """Cut an append-only text log back to its last complete line; the number of bytes cut.
+
+    A process killed inside ``write`` can leave its last line half written (the kernel
+    checks for a fatal signal between pages, so a line that crosses a page boundary can end
+    up cut). Whoever appends next (the resumed run, which owns the folder) would glue its
+    first line onto that fragment and spoil both; so it calls this first. A missing or
+    empty file, or one that ends in a newline, is left as it is."""
+    try:
+        fh = open(path, "r+b")
+    except FileNotFoundError:
+        return 0
+    with fh:
+        size = end = fh.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        fh.seek(size - 1)
+        if fh.read(1) == b"\n":
+            return 0
+        while end > 0:  # backwards, a block at a time, to the last newline
+            start = max(0, end - block)
+            fh.seek(start)
+            cut = fh.read(end - start).rfind(b"\n")
+            if cut >= 0:
+                end = start + cut + 1
+                break
+            end = start
+        fh.truncate(end)
+        return size - end
+
+
 def fsync_dir(folder):
     """Make a rename (or a new file) in ``folder`` durable. A no-op where folders cannot
     be opened (Windows)."""

@@ -226,3 +226,43 @@ def test_write_error_hidden_by_a_library_surfaces_as_the_oserror(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.stdout.split() == ["ERR", str(errno.EFBIG), str(target)], r.stderr[-2000:]
     assert listing(tmp_path) == []
+
+
+@pytest.mark.parametrize("lines,tail", [
+    ([], b""), (["a"], b""), (["a", "bb"], b'{"cut'), ([], b'{"no newline at all'),
+    (["x" * 70000, "y"], b"z" * 70000),  # the last newline lies more than a block back
+])
+def test_drop_torn_tail_keeps_exactly_the_complete_lines(tmp_path, lines, tail):
+    from rnntrain.fsutil import drop_torn_tail
+    p = tmp_path / "log.jsonl"
+    whole = "".join(x + "\n" for x in lines).encode()
+    p.write_bytes(whole + tail)
+    assert drop_torn_tail(p, block=4096) == len(tail)
+    assert p.read_bytes() == whole
+    assert drop_torn_tail(p) == 0 and p.read_bytes() == whole  # idempotent
+    assert drop_torn_tail(tmp_path / "missing") == 0 and not (tmp_path / "missing").exists()
+
+
+def test_run_log_of_a_resumed_session_starts_on_a_line_of_its_own(tmp_path):
+    """A killed session left metrics.jsonl and train.log ending mid-record: the next
+    session's RunLog cuts the fragments, so every line parses and none is glued on."""
+    import json
+    from rnntrain.run.runlog import RunLog
+    run = tmp_path / "run"
+    first = RunLog(run)
+    first.metrics(split="train", step=1, loss=1.5)
+    first.info("session one", echo=False)
+    first.close()
+    with open(run / "metrics.jsonl", "a") as fh:
+        fh.write('{"split": "train", "step": 2, "lo')  # killed here
+    with open(run / "train.log", "a") as fh:
+        fh.write("12:00:00 half a li")
+    second = RunLog(run)
+    second.metrics(split="train", step=2, loss=1.25)
+    second.close()
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["loss"]) for r in recs] == [(1, 1.5), (2, 1.25)]
+    log = (run / "train.log").read_text().splitlines()
+    assert "session one" in log[0] and "half a li" not in "".join(log)
+    assert "metrics.jsonl: dropped the last 33 bytes" in log[-2]
+    assert "train.log: dropped the last 18 bytes" in log[-1]

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from rnntrain.errors import UserError
-from rnntrain.fsutil import atomic_write
+from rnntrain.fsutil import atomic_write, drop_torn_tail
 from rnntrain.run.runfolder import RunFolder
 
 
@@ -45,10 +45,17 @@ class RunLog:
             self._tb = TensorBoardLog(run.tensorboard)
         run.make()
         try:
+            # a session killed mid-write may have left a line cut short: cut it off, so
+            # this session's first record starts a line of its own
+            torn = {f.name: drop_torn_tail(f) for f in (run.metrics, run.log)}
             self._metrics = open(run.metrics, "a", buffering=1)
             self._log = open(run.log, "a", buffering=1)
         except OSError as e:
             raise UserError(f"run folder {run.root} is not writable ({e.strerror})") from None
+        for name, n in torn.items():
+            if n:
+                self.info(f"{name}: dropped the last {n} bytes, a line cut short when the "
+                          f"previous session was killed", echo=False)
 
     def write_text(self, name: str, text: str):
         """Replace ``RUN/name`` atomically; on a full disk the error names the file and

@@ -109,8 +109,14 @@ def fold_test_ler(run_dir: Path) -> float | None:
         lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     except OSError:
         return None
-    recs = [json.loads(ln) for ln in lines if '"test"' in ln]
-    recs = [r for r in recs if r.get("split") == "test"]
+    recs = []
+    for ln in lines:
+        if '"test"' in ln:
+            try:
+                recs.append(json.loads(ln))
+            except ValueError:
+                continue  # a line cut short by a kill
+    recs = [r for r in recs if isinstance(r, dict) and r.get("split") == "test"]
     return recs[-1].get("ler") if recs else None
 
 
