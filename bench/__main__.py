@@ -34,7 +34,7 @@ SECTIONS = [
     ("plain_loop", "rnntrain vs a plain PyTorch loop", 420),
     ("flops", "Useful-FLOP rate and memory", 330),
     ("kernels", "LSTM kernel experiments", 300),
-    ("threads", "Thread scaling", 220),
+    ("threads", "Thread scaling", 360),
     ("validation", "Validation and eval throughput", 150),
     ("ranks", "Rank scaling (MPI, torch.distributed)", 480),
     ("reader", "Reader throughput and data wait", 120),
