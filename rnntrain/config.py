@@ -277,7 +277,7 @@ class LogConfig(Section):
     on a terminal, lines otherwise"""
 
 
-AugmentPreset = Literal["none", "lines", "speech"]
+AugmentPreset = Literal["none", "lines", "lines-light", "speech"]
 
 
 @dataclass
@@ -295,7 +295,9 @@ class AugmentConfig(Section):
     preset: AugmentPreset = "none"
     """"none": nothing unless a knob is set; "lines": text-line images (small affine,
     elastic distortion, blur, erosion/dilation, contrast jitter, pixel noise; kraken's,
-    PyLaia's and Calamari's usual magnitudes); "speech": feature sequences (SpecAugment's
+    PyLaia's and Calamari's usual magnitudes); "lines-light": lines about 32 pixels high
+    (half the affine magnitudes, no elastic distortion or erosion/dilation, blur up to 0.5
+    pixel, half the contrast jitter and noise, half the sequences); "speech": feature sequences (SpecAugment's
     frequency and time masks and time warp as ESPnet sets them, speed perturbation 0.9-1.1,
     feature noise)."""
     prob: float = field(default=-1.0, metadata={"ge": -1, "finite": True})

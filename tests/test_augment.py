@@ -66,6 +66,8 @@ def test_off_builds_no_augmenter_and_knobs_override_the_preset(synth_pair):
     cfg = load_config(None, [f"data.train={synth_pair[0]}", "augment.preset=lines"])
     with pytest.raises(ConfigError, match=r"augment\.rotate applies to images.*speech"):
         Augmenter.for_training(cfg, ds, 1)
+    cfg = load_config(None, ["data.train=x", "augment.preset=lines-light", "augment.blur=0"])
+    assert resolve(cfg.augment) == replace(PRESETS["lines-light"], blur=0.0)
     with pytest.raises(ConfigError, match="augment.prob = -2"):
         load_config(None, ["data.train=x", "augment.prob=-2"])
 
@@ -113,20 +115,45 @@ def test_affine_moves_a_dot_where_the_map_says(knob):
         np.testing.assert_allclose(_centroid(out), want, atol=0.6)
 
 
-def test_image_transforms_keep_height_and_consistent_width():
-    """The lines preset on many draws: P and C unchanged, the width within the drawn
+@pytest.mark.parametrize("preset", ["lines", "lines-light"])
+def test_image_transforms_keep_height_and_consistent_width(preset):
+    """The line presets on many draws: P and C unchanged, the width within the drawn
     factors' range, finite values; all magnitudes 0 is the identity, bit for bit."""
     img = _line(h=24, w=80)
-    lo = 80 * (1 - LINES.scale) * (1 - LINES.stretch) - 1
-    hi = 80 * (1 + LINES.scale) * (1 + LINES.stretch) + LINES.shear * 24 * (1 + LINES.scale) + 1
+    p = PRESETS[preset]
+    lo = 80 * (1 - p.scale) * (1 - p.stretch) - 1
+    hi = 80 * (1 + p.scale) * (1 + p.stretch) + p.shear * 24 * (1 + p.scale) + 1
     widths = set()
     for seed in range(40):
-        out = augment_image(img, 24, LINES, np.random.default_rng(seed))
+        out = augment_image(img, 24, p, np.random.default_rng(seed))
         assert out.dtype == np.float32 and out.shape[0] == 24 and out.shape[2] == 1
         assert lo <= out.shape[1] <= hi and np.isfinite(out).all()
         widths.add(out.shape[1])
     assert len(widths) > 10
     assert np.array_equal(augment_image(img, 24, OFF, np.random.default_rng(0)), img)
+
+
+def test_light_preset_keeps_the_stroke_mass_of_a_32_pixel_line():
+    """"lines-light" (contrast and noise off) on a 32-pixel line of 2-pixel strokes: the
+    ink mass changes only by the affine map's area factor, computed here from the drawn
+    scale and stretch (rotation and shear keep areas; no erosion, dilation or elastic
+    field; its blur keeps the mass). "lines" on the same line thickens or thins the
+    strokes (erosion/dilation, elastic bends) by far more in many draws."""
+    light = PRESETS["lines-light"]
+    assert light.morph <= 1 and light.elastic == 0 and light.blur <= 0.5
+    img = np.zeros((32, 120, 1), np.float32)
+    img[10:22, 8:-8:6] = img[10:22, 9:-8:6] = 1.0       # 2-pixel vertical strokes
+    img[10:12, 8:-8] = img[20:22, 8:-8] = 1.0           # and two horizontal ones
+    off = {name: 0 for name in ("lines-light", "lines")}
+    for seed in range(40):
+        g = np.random.default_rng(seed)  # draws: rotation, shear, scale, stretch, ...
+        u = [g.uniform(-1, 1) for _ in range(5)]
+        for name in off:
+            p = replace(PRESETS[name], contrast=0.0, noise=0.0)
+            area = (1 + p.scale * u[2]) ** 2 * (1 + p.stretch * u[3])
+            out = augment_image(img, 32, p, np.random.default_rng(seed))
+            off[name] += abs(out.sum() / (img.sum() * area) - 1) > 0.01
+    assert off["lines-light"] == 0 and off["lines"] > 10, off
 
 
 def test_image_frames_round_trip_through_the_column_layout():
