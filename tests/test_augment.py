@@ -346,3 +346,34 @@ def test_killed_run_with_augmentation_resumes_bit_identically(tmp_path, synth_pa
     assert "augmentation: feature sequences" in err
     run = killed_and_resumed(tmp_path, cfg, kill_points(5, steps_per_epoch(err), 1))
     assert_same_final(tmp_path / "straight", run)
+
+
+def test_training_without_image_augmentation_never_imports_scipy_ndimage(tmp_path, synth_pair):
+    """scipy.ndimage (about half a second to import) is loaded by the first image
+    augmentation, not at start-up: a training on features, in a fresh process, ends without
+    it; one call of ``augment_image`` in that process loads it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[data]\ntrain = "{synth_pair[0]}"\nval = "{synth_pair[1]}"\n'
+                   f'[model]\nlayers = 1\nhidden = 8\n[train]\nepochs = 1\n'
+                   f'[compute]\nthreads = 1\n[run]\ndir = "{tmp_path / "run"}"\n')
+    code = ("import sys\n"
+            "from rnntrain.config import load_config\n"
+            "from rnntrain.run.train import train\n"
+            "train(load_config(sys.argv[1], []), sys.argv[1])\n"
+            "print('after training', 'scipy.ndimage' in sys.modules)\n"
+            "import numpy as np\n"
+            "from rnntrain.augment import PRESETS\n"
+            "from rnntrain.augment.image import augment_image\n"
+            "augment_image(np.zeros((8, 20, 1), np.float32), 8, PRESETS['lines'],\n"
+            "              np.random.default_rng(0))\n"
+            "print('after augment_image', 'scipy.ndimage' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True,
+                       text=True, cwd=tmp_path, env={"PYTHONPATH": str(root),
+                                                     "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines()[-2:] == ["after training False", "after augment_image True"]
+    assert (tmp_path / "run" / "checkpoints" / "best.pt").exists()

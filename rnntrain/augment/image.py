@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import ndimage
 
 from rnntrain.augment.params import AugmentParams
 
@@ -69,6 +68,9 @@ def elastic_field(h: int, w: int, spacing: float, rng: np.random.Generator) -> n
 def augment_image(img: np.ndarray, height: int, p: AugmentParams,
                   rng: np.random.Generator) -> np.ndarray:
     """img (P, W, C) float32 with the image in rows [0, height) → (P, W', C) float32."""
+    # imported here, not at the top: scipy.ndimage takes ~0.5 s to import, and a training
+    # without image augmentation (audio, un-augmented lines) never needs it
+    from scipy import ndimage
     P, W, C = img.shape
     w_out, a_inv, off = output_width(W, height, p, rng)
     ys, xs = np.mgrid[0:P, 0:w_out].astype(np.float64)
