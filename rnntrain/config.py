@@ -221,7 +221,8 @@ class ComputeConfig(Section):
     allocator: Allocator = "cache"
     """"cache": freed memory stays in the process for the next step's tensors (no page
     faults after the first steps; a higher resident peak); "capped": the same for blocks up
-    to 32 MiB, larger ones go back to the kernel (a bounded peak); "system": glibc's
+    to 32 MiB, larger ones and a free heap top over 64 MiB go back to the kernel (the
+    peak of "system", some of the faults back); "system": glibc's
     defaults, large blocks go back to the kernel at once (rnntrain.compute.allocator).
     ``rnntrain eval`` and ``decode`` apply the checkpoint's policy too"""
 

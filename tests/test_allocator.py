@@ -126,6 +126,50 @@ def test_trim_returns_freed_pages_that_cache_keeps():
     assert int(kept) - int(after) > 80 * 2**20  # most of the 95 MiB freed went back
 
 
+# A step's blocks under 32 MiB come from the heap under both policies; once freed, the
+# ones above the heap's live blocks form its free top. "cache" keeps it all; "capped" gives
+# it back on the free that makes it larger than TOP_KEEP (glibc trims only that top, not
+# free blocks inside the heap), so at most TOP_KEEP of it stays resident. 160 blocks of
+# 1 MiB, touched, then all freed, the topmost first; the list
+# holding them is allocated first, so nothing of ours is left above them. Prints the
+# resident size released by the frees, in bytes.
+TOP = """
+import ctypes, sys
+from rnntrain.compute import allocator
+assert allocator.configure(sys.argv[1])
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+def rss():
+    for ln in open("/proc/self/status"):
+        if ln.startswith("VmRSS:"):
+            return int(ln.split()[1]) * 1024
+blocks = [0] * 160
+for i in range(160):
+    blocks[i] = libc.malloc(2**20)
+    libc.memset(blocks[i], 1, 2**20)
+touched = rss()
+for b in reversed(blocks):
+    libc.free(b)
+print(touched - rss())
+"""
+
+
+@pytest.mark.skipif(allocator._libc() is None, reason="not glibc: the policy does not apply")
+def test_capped_returns_the_free_top_cache_keeps_it():
+    released = {}
+    for mode in ("cache", "capped"):
+        p = subprocess.run([sys.executable, "-c", TOP, mode], cwd=ROOT, capture_output=True,
+                           text=True, timeout=60, env={"PYTHONPATH": str(ROOT), "PATH": ""})
+        assert p.returncode == 0, p.stderr
+        released[mode] = int(p.stdout.split()[-1])
+    assert released["cache"] < 8 * 2**20, released  # kept for the next step
+    # all but at most TOP_KEEP (and a page of slack) back to the kernel on the frees
+    assert released["capped"] >= 160 * 2**20 - allocator.TOP_KEEP - 2**20, released
+
+
 # The pattern that makes the uncapped heap grow: a task's largest tensors differ in size
 # from task to task (T x N), and small tensors allocated between them stay alive
 # (autograd's records, the next step's inputs), so no freed large block is at the heap's

@@ -15,18 +15,22 @@ the process reuses its own pages. The price is a higher resident peak, since fre
 blocks of one shape cannot always serve the next shape: the reference model peaks 1.6x
 higher than under ``system``.
 
-``capped`` bounds that peak: the same single arena and no trimming, but every block over
-``CACHE_CAP`` (32 MiB, the most glibc's mmap threshold can be: ``M_MMAP_THRESHOLD``) is
-mapped from the kernel and given back on ``free``, as under ``system``. Those are the
-few largest workspaces, whose sizes follow each task's T x N, so no freed one fits the
-next; kept in the heap they fragment it, with small live blocks pinned between them.
-Everything smaller is kept and reused. On the reference model with one worker it peaked
-8-18 % over ``system`` (``cache``: +55-62 %) at ``cache``'s speed in fp32; with two
-workers +18 % (``cache``: +45 %), and the large blocks fault their pages in every task
-again, which costs bf16 more (docs/benchmarks.md, "Peak RSS by allocator
-policy"). ``system`` leaves glibc's defaults. Elsewhere than glibc (musl, macOS) all
-three are the same. ``rnntrain eval`` and ``decode`` apply the checkpoint's policy as
-well.
+``capped`` bounds that peak: the same single arena, but every block over ``CACHE_CAP``
+(32 MiB, the most glibc's mmap threshold can be: ``M_MMAP_THRESHOLD``) is mapped from the
+kernel and given back on ``free``, as under ``system``, and a free top of the heap over
+``TOP_KEEP`` (64 MiB, what glibc's default trims at once its threshold has risen to 32 MiB)
+goes back to the kernel on the ``free`` that makes it (``M_TRIM_THRESHOLD``; glibc trims
+only the top, never the free blocks inside, so the steps' pages in use are not touched).
+The large blocks are the few largest workspaces, whose sizes follow each task's T x N, so
+no freed one fits the next; kept in the heap they fragment it, with small live blocks
+pinned between them. Everything smaller is reused, and what a step frees above the
+heap's live blocks is returned once it exceeds ``TOP_KEEP``. On the reference model it
+peaked at ``system``'s resident size (-4 to +10 %, one and two workers; ``cache``: +47-59 %;
+without the top trim +10-20 %) for 1-3 % more CPU time than without it, and 10-15 % more
+than ``cache``, as ``system``: the pages given back are zeroed again when faulted in
+(docs/benchmarks.md, "Peak RSS by allocator policy"). ``system`` leaves glibc's defaults.
+Elsewhere than glibc (musl, macOS) all three are the same. ``rnntrain eval`` and
+``decode`` apply the checkpoint's policy as well.
 
 ``trim`` hands the heap's free pages back to the kernel (``malloc_trim``). The loop calls
 it when an epoch moves from one data chunk to the next: freed blocks that no later shape
@@ -45,6 +49,8 @@ from typing import Literal
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -3, -4, -8
 CACHE_CAP = 32 * 2**20  # bytes: under "capped", larger blocks are mapped and unmapped
+TOP_KEEP = 64 * 2**20  # bytes: under "capped", a larger free heap top goes back on free
+NEVER = 2**31 - 1  # M_TRIM_THRESHOLD: keep the top, however large
 _applied: str | None = None
 
 
@@ -81,9 +87,9 @@ def configure(mode: Literal["cache", "capped", "system"]) -> bool:
     libc = _libc()
     if libc is None:
         return False
-    large = ([(M_MMAP_MAX, 0)] if mode == "cache" else    # glibc's default count, the cap
-             [(M_MMAP_MAX, 65536), (M_MMAP_THRESHOLD, CACHE_CAP)])
-    ok = all(libc.mallopt(p, v) == 1 for p, v in (
-        *large, (M_ARENA_MAX, 1), (M_TRIM_THRESHOLD, 2**31 - 1)))
+    params = ([(M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, NEVER)] if mode == "cache" else
+              # glibc's default mapping count, the cap, the top trimmed over TOP_KEEP
+              [(M_MMAP_MAX, 65536), (M_MMAP_THRESHOLD, CACHE_CAP), (M_TRIM_THRESHOLD, TOP_KEEP)])
+    ok = all(libc.mallopt(p, v) == 1 for p, v in (*params, (M_ARENA_MAX, 1)))
     _applied = mode if ok else None
     return ok
