@@ -6,10 +6,10 @@
 #
 #   recipes/printed_lines_ensemble.sh [OVERRIDES...]   (overrides go to every fold)
 #
-# Environment: FOLDS (default 5), AUGMENT (default "lines": the [augment] preset every fold
-# trains with: rnntrain.augment; "none" trains without),
-# (measured on the single model at 6 epochs, the preset hurt the unseen font: 55.3 % against
-# 33.5 % CER; the 12-epoch folds with and without it are not measured: docs/accuracy.md),
+# Environment: FOLDS (default 5), AUGMENT (default "none": no augmentation; or the
+# [augment] preset every fold trains with, "lines-light" or "lines": rnntrain.augment;
+# measured on the single model at the recipe's 12 epochs, neither helps the unseen font:
+# 18.1 % CER without, 19.3 % with lines-light, 31.5 % with lines; docs/accuracy.md),
 # and recipes/printed_lines.sh's TRAIN_LINES, VAL_LINES, TEST_LINES.
 # Data go to data/printed_lines/ (made once, shared with printed_lines.sh), the folds to
 # runs/printed_lines_ensemble/fold-0 .. fold-4. Run it again after an interruption: the
@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 [ -n "${PYTHON:-}" ] || [ ! -f scripts/env.sh ] || source scripts/env.sh
 PY="${PYTHON:-python}"
 FOLDS=${FOLDS:-5}
-AUGMENT=${AUGMENT:-lines}
+AUGMENT=${AUGMENT:-none}
 OUT=runs/printed_lines_ensemble
 START=$(date +%s)
 recipes/printed_lines.sh --data-only
