@@ -25,8 +25,8 @@ The large blocks are the few largest workspaces, whose sizes follow each task's 
 no freed one fits the next; kept in the heap they fragment it, with small live blocks
 pinned between them. Everything smaller is reused, and what a step frees above the
 heap's live blocks is returned once it exceeds ``TOP_KEEP``. On the reference model it
-peaked at ``system``'s resident size (-4 to +10 %, one and two workers; ``cache``: +47-59 %;
-without the top trim +10-20 %) for 1-3 % more CPU time than without it, and 10-15 % more
+peaked at ``system``'s resident size (-4 to +10 %, one and two workers; ``cache``: +34-61 %;
+without the top trim 0 to +20 %) for 1-3 % more CPU time than without it, and 9-15 % more
 than ``cache``, as ``system``: the pages given back are zeroed again when faulted in
 (docs/benchmarks.md, "Peak RSS by allocator policy"). ``system`` leaves glibc's defaults.
 Elsewhere than glibc (musl, macOS) all three are the same. ``rnntrain eval`` and
