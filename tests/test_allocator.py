@@ -92,10 +92,10 @@ def test_allocator_changes_no_weight(synth_pair, tmp_path):
         assert applied == (want if allocator._libc() is not None else "None"), (mode, applied)
 
 
-TRIM = """
+# raw malloc/free/memset from glibc and the process's resident size, for the scripts below
+LIBC = """
 import ctypes, sys
 from rnntrain.compute import allocator
-allocator.configure("cache")
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
@@ -105,6 +105,10 @@ def rss():
     for ln in open("/proc/self/status"):
         if ln.startswith("VmRSS:"):
             return int(ln.split()[1]) * 1024
+"""
+
+TRIM = LIBC + """
+allocator.configure("cache")
 blocks = [libc.malloc(2**20) for _ in range(96)]
 for b in blocks:
     libc.memset(b, 1, 2**20)
@@ -133,19 +137,8 @@ def test_trim_returns_freed_pages_that_cache_keeps():
 # 1 MiB, touched, then all freed, the topmost first; the list
 # holding them is allocated first, so nothing of ours is left above them. Prints the
 # resident size released by the frees, in bytes.
-TOP = """
-import ctypes, sys
-from rnntrain.compute import allocator
+TOP = LIBC + """
 assert allocator.configure(sys.argv[1])
-libc = ctypes.CDLL("libc.so.6")
-libc.malloc.restype = ctypes.c_void_p
-libc.malloc.argtypes = [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
-libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
-def rss():
-    for ln in open("/proc/self/status"):
-        if ln.startswith("VmRSS:"):
-            return int(ln.split()[1]) * 1024
 blocks = [0] * 160
 for i in range(160):
     blocks[i] = libc.malloc(2**20)
