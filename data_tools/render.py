@@ -2,10 +2,22 @@
 
 Fonts: the TrueType files matplotlib ships (``matplotlib/mpl-data/fonts/ttf``: DejaVu
 Sans/Serif/Mono in several styles under the DejaVu licence (Bitstream Vera derived, free),
-STIX under the SIL Open Font License, Computer Modern). Give them by file stem
-(``DejaVuSans``, ``STIXGeneral``, ``DejaVuSerif-Bold``, ...) or as paths to .ttf/.otf files.
-The Computer Modern files (cmr10 ...) use TeX's glyph layout, not Unicode's, and are
-refused for plain text.
+STIX under the SIL Open Font License, the BaKoMa Computer Modern text faces cmr10, cmb10,
+cmti10, cmss10, cmtt10 under the BaKoMa Fonts Licence, free). Give them by file stem
+(``DejaVuSans``, ``STIXGeneral``, ``cmr10``, ...) or as paths to .ttf/.otf files. The math
+and symbol files (cmmi10, cmsy10, cmex10, STIXSiz*, STIXNonUni*) are refused.
+
+Glyph check (a line is never drawn in a font that draws one of its characters wrongly):
+a font draws character c right when its Unicode cmap maps c to a glyph whose name, read
+by the Adobe Glyph List (``fontTools.agl.toUnicode``), is c itself, and c is not in the
+font's entry of ``WRONG_BUT_NAMED``. The BaKoMa files keep TeX's OT1 layout under a
+Unicode cmap: in cmr10 ``<`` is the glyph ``exclamdown`` (¡), ``|`` is ``endash``, ``"`` is
+``quotedblright``, ``'`` is ``quoteright`` (a curly apostrophe, not the straight one) ...;
+the names say so and the rule drops them. cmti10's ``$`` is named ``dollar`` but drawn as
+£ (OT1's italic layout): the one known glyph whose name lies, listed in
+``WRONG_BUT_NAMED``. Each line's font is drawn among the ``--fonts`` that draw all of its
+characters (all of them, as before, when every font does: the same seed gives the same
+set); a line no font draws is refused before anything is written.
 
 Text: Faker's ``en_US`` providers (the ``faker`` package from PyPI, MIT licence):
 sentences from its English word list, names, street addresses, company names, dates and
@@ -38,18 +50,56 @@ def font_dir() -> Path:
     return Path(matplotlib.get_data_path()) / "fonts" / "ttf"
 
 
+# matplotlib's math and symbol faces: no text font (their letters and digits are math
+# italic or old-style, their punctuation arrows and delimiters)
+SYMBOL_FONTS = ("cmmi", "cmsy", "cmex", "STIXSiz", "STIXNonUni", "LastResort")
+
+# glyphs whose name (the glyph check's evidence) is the character's but whose drawing is
+# not, by the font's PostScript name (name table ID 6, lower case): found by rendering
+# printable ASCII in each of matplotlib's text faces (tests/test_ocr.py shows the £)
+WRONG_BUT_NAMED = {"cmti10": "$"}   # OT1 italic layout: the dollar slot holds sterling
+
+
 def find_font(name: str) -> Path:
     p = Path(name)
     if p.suffix.lower() in (".ttf", ".otf") and p.is_file():
         return p
-    if p.stem.startswith(("cm", "STIXSiz", "STIXNonUni")) and p.suffix == "":
-        raise UserError(f"--fonts {name}: a symbol/TeX-encoded font, not for plain text")
+    if p.stem.startswith(SYMBOL_FONTS) and p.suffix == "":
+        raise UserError(f"--fonts {name}: a math/symbol font, not for plain text")
     cand = font_dir() / f"{name}.ttf"
     if cand.is_file():
         return cand
     have = sorted(f.stem for f in font_dir().glob("*.ttf")
-                  if not f.stem.startswith(("cm", "STIXSiz", "STIXNonUni", "LastResort")))
+                  if not f.stem.startswith(SYMBOL_FONTS))
     raise UserError(f"--fonts {name}: no such font file; matplotlib ships {', '.join(have)}")
+
+
+def wrong_glyphs(font_path: Path, chars) -> dict[str, str]:
+    """The characters of ``chars`` that the font does not draw as themselves, each with
+    the reason: not in its cmap, or mapped to a glyph named for another character (the
+    Adobe Glyph List reading of the glyph's name), or listed in ``WRONG_BUT_NAMED``.
+    A font without glyph names (post table 3.0) gets names from its cmap: it is trusted."""
+    from fontTools import agl
+    from fontTools.ttLib import TTFont, TTLibError
+    try:
+        with TTFont(str(font_path), lazy=True) as tt:
+            cmap = tt.getBestCmap() or {}
+            ps = next((str(r) for r in tt["name"].names if r.nameID == 6), "") \
+                if "name" in tt else ""
+    except (TTLibError, OSError, KeyError, AssertionError) as e:
+        raise UserError(f"--fonts {font_path}: not a readable TrueType/OpenType font "
+                        f"({e})") from None
+    lying = WRONG_BUT_NAMED.get(ps.lower(), "")
+    out = {}
+    for c in sorted(set(chars)):
+        glyph = cmap.get(ord(c))
+        if glyph is None:
+            out[c] = "no glyph"
+        elif agl.toUnicode(glyph) != c:
+            out[c] = f"glyph {glyph!r}"
+        elif c in lying:
+            out[c] = f"glyph {glyph!r} drawn as another character"
+    return out
 
 
 MAX_SIZE = 1000    # font size in pixels: a text line is not a poster
@@ -161,13 +211,26 @@ def render_lines(out: str, count: int, fonts: list[str], sizes: tuple[int, int],
     from PIL import Image
     paths = [find_font(f) for f in fonts]
     lines = file_lines(text, count, max_chars) if text else faker_lines(count, seed, max_chars)
+    # per font, the characters of these lines it draws wrongly (module docstring)
+    wrong = [wrong_glyphs(p, "".join(lines)) for p in paths]
+    able = {}              # line -> indices of the fonts that draw all of its characters
+    for i, line in enumerate(lines):
+        if line not in able:
+            able[line] = [k for k, w in enumerate(wrong) if not w.keys() & set(line)]
+        if not able[line]:
+            src = f"--text {text} " if text else ""
+            why = "; ".join(f"{paths[k].stem}: {c!r} {w[c]}" for k, w in enumerate(wrong)
+                            for c in sorted(w.keys() & set(line))[:1])
+            raise UserError(f"{src}rendered line {i + 1} ({line[:40]!r}): no font of --fonts draws "
+                            f"all its characters ({why})")
     odir = Path(out)
     (odir / "img").mkdir(parents=True, exist_ok=True)
     rows = []
     for i, line in enumerate(tqdm(lines, desc="render", unit="line",
                                   disable=not progress or None, leave=False)):
         rng = np.random.default_rng([seed, i])
-        k = int(rng.integers(len(paths)))
+        ok = able[line]
+        k = ok[int(rng.integers(len(ok)))]
         try:
             im = render_line(line, paths[k], int(rng.integers(sizes[0], sizes[1] + 1)), rng,
                              rotate, blur, noise, margin, stretch)

@@ -243,8 +243,85 @@ def test_render_lines(tmp_path):
     for name, _ in rows:
         im = np.asarray(Image.open(tmp_path / "r" / name))
         assert im.ndim == 2 and im.shape[0] >= 16 and im.min() < 128 < im.max()  # ink, paper
-    out = run_cli("data_tools", "render-lines", "--out", tmp_path / "s", "--fonts", "cmr10")
-    assert out.returncode == 2 and "cmr10" in out.stderr
+    out = run_cli("data_tools", "render-lines", "--out", tmp_path / "s", "--fonts", "cmmi10")
+    assert out.returncode == 2 and "cmmi10" in out.stderr and "math/symbol" in out.stderr
+
+
+def ink_box(font_path, ch, size=40):
+    """(top, bottom, left, right) of the ink of ``ch`` drawn at ``size`` pixels, rows
+    relative to the baseline (negative: above it)."""
+    from PIL import ImageDraw, ImageFont
+    font = ImageFont.truetype(str(font_path), size)
+    im = Image.new("L", (4 * size, 4 * size), 255)
+    ImageDraw.Draw(im).text((size, 2 * size), ch, font=font, fill=0, anchor="ls")
+    a = np.asarray(im) < 128
+    rows, cols = np.flatnonzero(a.any(axis=1)), np.flatnonzero(a.any(axis=0))
+    return rows[0] - 2 * size, rows[-1] - 2 * size, cols[0], cols[-1]
+
+
+def test_glyph_check_finds_the_tex_layout_of_the_bakoma_fonts():
+    """render-lines' glyph check (data_tools/render.py): matplotlib's Computer Modern files
+    keep TeX's OT1 layout under a Unicode cmap. The check flags exactly the printable ASCII
+    characters those fonts draw as other glyphs, and real renderings show the wrong glyphs:
+    cmr10's '_' is a dot accent high above the baseline, its '|' an en dash, its '<' an
+    inverted exclamation mark that descends below the baseline, cmti10's '$' a pound sign
+    that does not."""
+    from data_tools.render import find_font, wrong_glyphs
+    ascii_ = [chr(c) for c in range(32, 127)]
+    tex = set('"\'<>\\^_`{|}~')
+    assert set(wrong_glyphs(find_font("cmr10"), ascii_)) == tex
+    assert set(wrong_glyphs(find_font("cmss10"), ascii_)) == tex
+    assert set(wrong_glyphs(find_font("cmti10"), ascii_)) == tex | {"$"}
+    assert set(wrong_glyphs(find_font("cmtt10"), ascii_)) == {"'", "`"}  # curly quotes
+    for good in ("DejaVuSans", "DejaVuSerif-BoldItalic", "STIXGeneral"):
+        assert wrong_glyphs(find_font(good), ascii_) == {}
+    assert wrong_glyphs(find_font("cmr10"), "é\u4e00") == {"é": "no glyph",
+                                                            "\u4e00": "no glyph"}
+    cmr, cmti, dv = find_font("cmr10"), find_font("cmti10"), find_font("DejaVuSans")
+    top, bottom, left, right = ink_box(dv, "_")
+    assert bottom >= 0                                 # an underscore: on/below the line
+    top, bottom, left, right = ink_box(cmr, "_")
+    assert bottom < -15                                # a dot accent, above x-height
+    top, bottom, left, right = ink_box(dv, "|")
+    assert bottom - top > 3 * (right - left)           # a bar: tall and thin
+    top, bottom, left, right = ink_box(cmr, "|")
+    assert right - left > 3 * (bottom - top)           # an en dash: wide and flat
+    assert ink_box(dv, "<")[1] <= 0 < ink_box(cmr, "<")[1]      # ¡ descends, < does not
+    assert ink_box(cmr, "$")[1] > 0 >= ink_box(cmti, "$")[1]    # $ descends, £ does not
+
+
+def test_render_lines_never_draws_a_line_in_a_font_that_draws_it_wrongly(tmp_path):
+    """A line with a character one of --fonts draws wrongly goes to the other fonts only;
+    which font drew a line shows in the image's size (clean renderings at one size: no
+    rotation, stretch, blur or noise) compared with render_line's image of that line in
+    each font. A line no font draws is refused before anything is written."""
+    from data_tools.render import find_font, render_line
+    (tmp_path / "t.txt").write_text("a<b\nab\n")
+    out = run_cli("data_tools", "render-lines", "--out", tmp_path / "r", "--count", "16",
+                  "--fonts", "cmr10,DejaVuSans", "--text", tmp_path / "t.txt", "--sizes",
+                  "20-20", "--rotate", "0", "--blur", "0", "--noise", "0", "--seed", "3")
+    assert out.returncode == 0, out.stderr
+
+    def shape(text, font):
+        return render_line(text, find_font(font), 20, np.random.default_rng(0), 0, 0, 0).size
+    for text in ("a<b", "ab"):        # the two fonts' images of a line differ in size
+        assert shape(text, "cmr10") != shape(text, "DejaVuSans")
+    drawn = {"a<b": set(), "ab": set()}
+    for row in (tmp_path / "r" / "list.tsv").read_text().splitlines():
+        name, text = row.split("\t")
+        size = Image.open(tmp_path / "r" / name).size
+        font = {shape(text, f): f for f in ("cmr10", "DejaVuSans")}[size]
+        drawn[text].add(font)
+    assert drawn == {"a<b": {"DejaVuSans"}, "ab": {"cmr10", "DejaVuSans"}}
+    out = run_cli("data_tools", "render-lines", "--out", tmp_path / "s", "--fonts", "cmr10",
+                  "--text", tmp_path / "t.txt", "--count", "2")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "line 1 ('a<b')" in out.stderr and "cmr10: '<'" in out.stderr
+    assert "exclamdown" in out.stderr and not (tmp_path / "s").exists()
+    (tmp_path / "x.ttf").write_bytes(b"not a font at all" * 10)
+    out = run_cli("data_tools", "render-lines", "--out", tmp_path / "s", "--fonts",
+                  tmp_path / "x.ttf", "--count", "1")
+    assert out.returncode == 2 and "x.ttf" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_render_margin_and_stretch_geometry():
