@@ -1,7 +1,8 @@
 """Worker threads × intra-op threads: training frames/s of the batch scheduler.
 
-Runs the real training step (WorkerPool → TaskComputer → fixed-order reduce → Adam) over
-the same length-bucketed batches for threads × intra_threads ∈ {1×1, 1×2, 2×1}, on the
+Runs the real training step (WorkerPool → TaskComputer → fixed-order reduce → fused Adam, as
+``rnntrain train`` builds it) over the same length-bucketed batches for threads ×
+intra_threads ∈ {1×1, 1×2, 2×1}, on the
 default model (configs/default.toml: 2×128 BLSTM, 20 inputs, 20 labels, batch_frames 3000)
 and on the reference model (3-layer BLSTM, 256 per direction, 40 inputs, 30 labels +
 blank, batches of 32 sequences of similar length). Settings are interleaved round by
@@ -81,7 +82,7 @@ def _measure(model, ds, frames, batches, threads, intra, errors: str = "rapidfuz
     batch, label errors counted. ``errors="python"``: the training LER by the per-sequence
     Python loop (``python_label_errors``)."""
     params = list(model.parameters())
-    opt = torch.optim.Adam(params, lr=1e-4)
+    opt = torch.optim.Adam(params, lr=1e-4, fused=True)  # as `rnntrain train` builds it
     flat = FlatGrad(params, torch.device("cpu"))
     comp = TaskComputer(model, torch.device("cpu"))
     if errors == "python":

@@ -50,3 +50,30 @@ def test_model_output_independent_of_padding_amount():
     x[:4, 0], x[:, 1] = a, b
     both, _ = m(x, torch.tensor([4, 11]))
     torch.testing.assert_close(both[:4, 0], alone[:, 0], rtol=1e-5, atol=1e-6)
+
+
+def test_reverse_by_rows_equals_per_sequence_flips_bit_for_bit():
+    """The CPU path reverses with one index_select of whole rows (PaddedGeometry.rows): its
+    values and its input gradient equal a flip of each sequence's own frames, and the
+    element-wise gather it replaced, exactly (the weights' digests depend on it)."""
+    from rnntrain.compute.model import PaddedGeometry
+    g = torch.Generator().manual_seed(5)
+    lens = torch.tensor([9, 9, 4, 1, 6])
+    x = torch.randn(9, 5, 33, generator=g, requires_grad=True)  # padding not zero: masked
+    gy = torch.randn(9, 5, 33, generator=g)
+    geom = PaddedGeometry(9, lens, torch.device("cpu"))
+    assert geom.rows is not None
+    out = geom.reverse(x)
+    ref = torch.zeros(9, 5, 33)
+    for i, n in enumerate(lens.tolist()):
+        ref[:n, i] = x[:n, i].flip(0)
+    assert torch.equal(out, ref)
+    (gx,) = torch.autograd.grad(out, x, gy)
+    ref_g = torch.zeros(9, 5, 33)
+    for i, n in enumerate(lens.tolist()):
+        ref_g[:n, i] = gy[:n, i].flip(0)
+    assert torch.equal(gx, ref_g)
+    old = PaddedGeometry(9, lens, torch.device("cpu"))
+    old.rows = None   # the gather path (kept for other devices)
+    assert torch.equal(old.reverse(x), out)
+    assert torch.equal(torch.autograd.grad(old.reverse(x), x, gy)[0], gx)

@@ -150,3 +150,23 @@ def test_trains_on_a_file_written_by_another_tool(tmp_path):
     run = train(cfg)
     recs = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert recs[-1]["split"] == "val" and recs[-1]["seqs"] == 12 and np.isfinite(recs[-1]["loss"])
+
+
+def test_cpu_update_is_fused_and_an_unfused_checkpoint_resumes_unfused(tmp_path):
+    """On the CPU the trainer steps a fused optimizer (one kernel per update, docs/threads.md
+    "The update"); a checkpoint written before that (its groups say ``fused = None``)
+    resumes with the per-tensor update it was trained with, so it repeats its own run."""
+    data = _tiny(tmp_path, n=12, seed=2, name="fused.nc")
+    cfg, ov = _cfg(tmp_path, data, run="f", train__epochs=1, batch__batch_frames=150)
+    out = train(cfg)
+    ck = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
+    assert all(g["fused"] is True for g in ck["optim"]["param_groups"])
+    for g in ck["optim"]["param_groups"]:   # as a checkpoint of the per-tensor update
+        g["fused"] = None
+    torch.save(ck, out / "checkpoints" / "last.pt")
+    cfg2, _ = _cfg(tmp_path, data, run="f", train__epochs=2, batch__batch_frames=150)
+    train(cfg2, overrides=ov, resume="auto")
+    ck2 = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
+    assert ck2["state"]["epoch"] == 2
+    assert all(g["fused"] is None for g in ck2["optim"]["param_groups"])
+    assert int(ck2["optim"]["state"][0]["step"]) > int(ck["optim"]["state"][0]["step"])

@@ -180,11 +180,12 @@ class LossScaler:
 def masked_step(opt: torch.optim.Optimizer, finite: torch.Tensor):
     """``opt.step()`` unless ``finite`` (0-dim bool tensor) is False.
 
-    A fused optimizer (``fused=True``, as built for CUDA) takes the flag on the device
+    A fused optimizer (``fused=True``, as the trainer builds it) takes the flag on the device
     (``found_inf``: the kernel leaves weights, moments and step count untouched), so no
     host read happens. Other optimizers read the flag on the host, which is free on CPU.
-    (A run resumed from a checkpoint of an unfused optimizer, say one trained on CPU, takes
-    the saved groups' ``fused = None`` and so the host path: correct, one read per step.)
+    (A run resumed from a checkpoint of an unfused optimizer, say one written before the
+    CPU update was fused, takes the saved groups' ``fused = None`` and so the host path:
+    correct, one read per step, and the same update as the run it continues.)
     """
     if all(g.get("fused") for g in opt.param_groups):
         opt.found_inf = (~finite).to(torch.float32)

@@ -50,7 +50,14 @@ class PaddedGeometry:
         self.equal = bool((lengths == t).all())   # one fused call, nothing to mask
         src = lengths.unsqueeze(0) - 1 - torch.arange(t).unsqueeze(1)    # (T, N)
         self.valid = (src >= 0).unsqueeze(-1)     # (T, N, 1) bool: t < length
-        self.src = src.clamp(min=0).to(device).unsqueeze(-1)             # (T, N, 1)
+        src = src.clamp(min=0)
+        # CPU: the source row of each output row in the (T*N, F) view, for one
+        # index_select of whole rows (gather with a (T, N, F) index reads an int64 per
+        # element: 3-9x slower forward and 2-4x backward on the default model's widths,
+        # the same values; docs/threads.md, "The update and the reverse")
+        self.rows = (src * len(lengths) + torch.arange(len(lengths))).reshape(-1) \
+            if device.type == "cpu" else None                           # (T*N,)
+        self.src = src.to(device).unsqueeze(-1)                         # (T, N, 1)
         self._masks: dict = {}
         self._index: dict = {}
 
@@ -70,7 +77,12 @@ class PaddedGeometry:
 
     def reverse(self, x: torch.Tensor) -> torch.Tensor:
         """x (T, N, F) → each sequence reversed within its length, zero padding."""
-        return x.gather(0, self.index(x.shape[2])) * self.mask(x.dtype)
+        if self.rows is not None:
+            t, n, f = x.shape
+            y = x.reshape(t * n, f).index_select(0, self.rows).view(t, n, f)
+        else:
+            y = x.gather(0, self.index(x.shape[2]))
+        return y * self.mask(x.dtype)
 
 
 def reverse_padded(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

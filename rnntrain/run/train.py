@@ -157,8 +157,10 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
         log.info(finetune.start_from(cfg, model, card.labels, train_ds)[1])
     model.to(device).train()
     frozen = {id(p) for p in finetune.frozen_parameters(model, tc.freeze)}
+    # fused on CPU and CUDA: one kernel per update (compute/optim.py); a run resumed from a
+    # checkpoint of an unfused optimizer keeps the saved groups' setting, and so its bits
     opt = build_optimizer(cfg.optim, [p for p in model.parameters() if id(p) not in frozen],
-                          fused=device.type == "cuda")
+                          fused=device.type in ("cpu", "cuda"))
     averager = WeightAverage(model, tc.average, tc.ema_decay, tc.average_last) \
         if tc.average != "none" else None
     planner = BatchPlanner(train_ds, keep, PlanSettings.from_config(cfg), rank, comm.size)
