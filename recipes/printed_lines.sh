@@ -8,13 +8,21 @@
 #
 # Everything comes from the package registry; nothing is downloaded at run time:
 #   fonts  the TrueType files matplotlib ships (DejaVu: Bitstream Vera licence, free;
-#          STIX: SIL Open Font License 1.1);
+#          STIX: SIL Open Font License 1.1; Computer Modern: the BaKoMa Fonts Licence,
+#          free to copy, distribute and use, Copyright (C) 1994, 1995 Basil K. Malyshev,
+#          in matplotlib's LICENSE file, originals at CTAN fonts/cm/ps-type1/bakoma);
 #   text   Faker's en_US providers (the `faker` package, MIT licence): English-like
 #          sentences from its word list, names, addresses, companies, dates, numbers.
-# Training and validation lines use the twelve DejaVu faces (Sans, Sans Mono and Serif, each
-# regular, bold, oblique/italic, bold oblique/italic), with varied margins and widths; the
-# test lines use STIX General only (a Times-like serif; no STIX face is seen in training),
-# drawn without the training lines' margin and width variation. Lines are 32 pixels high
+# Training and validation lines use seventeen faces: the twelve DejaVu faces (Sans, Sans
+# Mono and Serif, each regular, bold, oblique/italic, bold oblique/italic) and five Computer
+# Modern ones (cmr10 roman, cmb10 bold, cmti10 italic, cmss10 sans, cmtt10 typewriter),
+# with varied margins and widths. Computer Modern keeps TeX's glyph layout for some ASCII
+# code points (cmr10's `<` is ¡, `|` an en dash); render-lines draws a line only in fonts
+# whose glyphs for all its characters are the right ones (data_tools/render.py), so such a
+# character never goes to those faces. The test lines use STIX General only (a Times-like
+# serif; no STIX face is seen in training), drawn without the training lines' margin and
+# width variation. FONTS=dejavu makes the twelve-DejaVu data of the earlier figures
+# (docs/accuracy.md). Lines are 32 pixels high
 # after scaling, up to 32 characters; the alphabet is printable ASCII plus <space> (95 labels),
 # so the character error rate is the label error rate `rnntrain eval` prints.
 # Sizes (environment): TRAIN_LINES (default 4000), VAL_LINES (200), TEST_LINES (400).
@@ -36,12 +44,18 @@ TEST_LINES=${TEST_LINES:-400}
     echo "printed_lines.sh: $PY needs Pillow, Faker and matplotlib: pip install -e '.[images]'" >&2
     exit 2; }
 
-if [ ! -f "$OUT/test.nc" ]; then
+# the twelve DejaVu faces (Sans, Sans Mono, Serif; regular, bold, oblique/italic) and the
+# five Computer Modern text faces (FONTS=dejavu: the DejaVu faces alone)
+SEEN=$(printf '%s,' DejaVuSans{,-Bold,-Oblique,-BoldOblique} \
+    DejaVuSansMono{,-Bold,-Oblique,-BoldOblique} DejaVuSerif{,-Bold,-Italic,-BoldItalic})
+case "${FONTS:-cm}" in
+    cm) SEEN="${SEEN}cmr10,cmb10,cmti10,cmss10,cmtt10" ;;
+    dejavu) SEEN=${SEEN%,} ;;
+    *) echo "printed_lines.sh: FONTS=${FONTS}: give cm (default) or dejavu" >&2; exit 2 ;;
+esac
+# data made with other faces (an earlier version of this script) are made again
+if [ ! -f "$OUT/test.nc" ] || [ "$(cat "$OUT/fonts.txt" 2>/dev/null)" != "$SEEN" ]; then
     rm -rf "$OUT"
-    # the twelve DejaVu faces (Sans, Sans Mono, Serif; regular, bold, oblique/italic)
-    SEEN=$(printf '%s,' DejaVuSans{,-Bold,-Oblique,-BoldOblique} \
-        DejaVuSansMono{,-Bold,-Oblique,-BoldOblique} DejaVuSerif{,-Bold,-Italic,-BoldItalic})
-    SEEN=${SEEN%,}
     common=(--sizes 18-30 --rotate 1.5 --blur 1.0 --noise 10 --max-chars 32)
     # training lines vary their margins and widths as line crops and typefaces do (STIX is
     # narrower than DejaVu and its line metrics are taller); the test font is drawn as is
@@ -59,6 +73,7 @@ if [ ! -f "$OUT/test.nc" ]; then
             --height 32 --trim none --alphabet ascii
     done
     "$PY" -m "$DT" inspect "$OUT/train.nc" --subsample 4
+    echo "$SEEN" > "$OUT/fonts.txt"
 fi
 
 [ "${1:-}" = "--data-only" ] && exit 0

@@ -8,10 +8,11 @@
 #
 # Environment: FOLDS (default 5), AUGMENT (default "none": no augmentation; or the
 # [augment] preset every fold trains with, "lines-light" or "lines": rnntrain.augment;
-# measured on the single model at the recipe's 12 epochs, neither helps the unseen font:
-# 18.1 % CER without, 19.3 % with lines-light, 31.5 % with lines; seed 2: 14.8 % without,
-# 15.3 % with lines-light; docs/accuracy.md),
-# and recipes/printed_lines.sh's TRAIN_LINES, VAL_LINES, TEST_LINES.
+# measured on the single model at the recipe's 12 epochs with the earlier twelve-DejaVu
+# training faces, neither helps the unseen font: 18.1 % CER without, 19.3 % with
+# lines-light, 31.5 % with lines; seed 2: 14.8 % without, 15.3 % with lines-light; the
+# recipe's seventeen faces (DejaVu + Computer Modern) give 10.5 % / 11.6 % without;
+# docs/accuracy.md), and recipes/printed_lines.sh's FONTS, TRAIN_LINES, VAL_LINES, TEST_LINES.
 # Data go to data/printed_lines/ (made once, shared with printed_lines.sh), the folds to
 # runs/printed_lines_ensemble/fold-0 .. fold-4. Run it again after an interruption: the
 # finished folds are kept and the interrupted one resumes.
