@@ -294,6 +294,42 @@ def test_submit_returns_while_the_tasks_run_and_wait_gives_them_in_order(inline)
             assert len(timing.busy_s) == workers
 
 
+def test_wait_for_a_free_worker_returns_when_a_worker_has_no_task_left():
+    """The step splits the next batch once a worker is left without a task: not while
+    every worker still has one (or one is queued), at once when a task has no taker, and
+    the batch's results still come in task order."""
+    gates = [threading.Event() for _ in range(3)]
+
+    def fn(w, task):
+        assert gates[task.index].wait(30), "the test never released this task"
+        return task.index
+
+    with WorkerPool(fn, 2) as pool:
+        pool.submit([Task(i, (i,)) for i in range(3)])   # 2 running, 1 queued
+        done = threading.Event()
+        waiter = threading.Thread(target=lambda: (pool.wait_for_a_free_worker(), done.set()))
+        waiter.start()
+        assert not done.wait(0.3)          # both busy, one task queued
+        gates[0].set()                     # a worker takes the queued task: none free yet
+        assert not done.wait(0.3)
+        gates[1].set()                     # a worker finishes with nothing left to take
+        assert done.wait(30)
+        waiter.join()
+        gates[2].set()
+        assert pool.wait()[0] == [0, 1, 2]
+        for g in gates:
+            g.clear()
+        pool.submit([Task(0, (0,))])       # one task, two workers: one is free at once
+        pool.wait_for_a_free_worker()
+        assert not gates[0].is_set()
+        gates[0].set()
+        assert pool.wait()[0] == [0]
+    with WorkerPool(lambda w, t: t.index, 1, inline=True) as pool:
+        pool.submit([Task(0, (0,))])
+        pool.wait_for_a_free_worker()      # inline: the task runs in wait
+        assert pool.wait()[0] == [0]
+
+
 def test_close_joins_every_thread_and_is_idempotent():
     pool = WorkerPool(lambda w, t: w, 8, name="joinpool")
     names = {t.name for t in threading.enumerate()}

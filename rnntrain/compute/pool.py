@@ -97,6 +97,7 @@ class WorkerPool:
         self._idle_cv = threading.Condition(self._lock)  # the main thread waits here
         self._queue: deque[Task] = deque()
         self._idle = 0
+        self._want_free = False        # the caller waits in ``wait_for_a_free_worker``
         self._pending = 0              # tasks of the current batch not finished yet
         self._results: list = []
         self._error: tuple | None = None
@@ -159,7 +160,7 @@ class WorkerPool:
         while True:
             with self._lock:
                 self._idle += 1
-                if self._idle == self.workers:
+                if self._idle == self.workers or (self._want_free and not self._queue):
                     self._idle_cv.notify()
                 while not self._queue and not self._closed:
                     self._work.wait()
@@ -167,6 +168,8 @@ class WorkerPool:
                     return
                 task = self._queue.popleft()
                 self._idle -= 1
+                if self._want_free and not self._queue and self._idle:
+                    self._idle_cv.notify()  # the last task is taken and a worker is left over
             t0 = time.perf_counter()
             try:
                 with trace.span("task", index=task.index, seqs=len(task.seqs)):
@@ -216,6 +219,22 @@ class WorkerPool:
             self._queue.extend(tasks)
             self._pending = len(tasks)
             self._work.notify(min(len(tasks), self.workers))
+
+    def wait_for_a_free_worker(self):
+        """After ``submit``: return once a worker has nothing left to take (the queue is
+        empty and a worker is idle), or the batch has ended. Python work the caller does
+        next (the next batch's task split) holds the GIL; done right after ``submit`` it
+        holds back the woken workers, which need the GIL to start their tasks, while here
+        it runs on the core a worker has left (docs/threads.md, "The update and the
+        reverse"). Inline (no worker thread): returns at once."""
+        if self._inline:
+            return
+        with self._lock:
+            self._want_free = True
+            while ((self._queue or self._idle == 0) and self._pending > 0
+                   and self._broken is None and not self._closed):
+                self._idle_cv.wait()
+            self._want_free = False
 
     def wait(self) -> tuple[list, BatchTiming]:
         """The submitted batch's results in task order, once the barrier is reached."""
@@ -396,7 +415,11 @@ def _min_max_cuts(lens: list[int], k: int, cost: CostModel) -> list[int]:
                 return None
         return cuts
 
-    lo = max(cost(1, n) for n in lens)     # no group is cheaper than its longest sequence
+    if k == 1:  # the bisection below could only ever return this
+        return [total]
+    # no group is cheaper than its longest sequence: cost(1, T) grows with T (coefficients
+    # >= 0, and float rounding keeps the order), so the max over ``lens`` is at lens[0]
+    lo = cost(1, lens[0])
     hi = cost(len(lens), lens[0])          # one group
     cuts = fill(hi)
     while hi - lo > 1e-4 * hi:

@@ -153,7 +153,9 @@ class StepRunner:
         self.computer.begin_step(len(tasks), (tc.seed, fed.epoch, fed.index), want_errors,
                                  overlap)
         self.pool.submit(tasks)
-        if fed.upcoming is not None:  # while the workers compute: the next batch's split
+        if fed.upcoming is not None:  # while the workers compute: the next batch's split,
+            # on the core of the first worker left without a task (it holds the GIL)
+            self.pool.wait_for_a_free_worker()
             self._ahead = (fed.upcoming, self.split(fed.upcoming))
         fences, timing = self.pool.wait()  # returns at the barrier
         t2 = time.perf_counter()
