@@ -2,14 +2,20 @@
 # Real printed lines (archiscribe: 19th-century German, Fraktur and Antiqua; 503 training
 # lines, 145 test lines from 4 books no training line comes from): one model against an
 # ensemble of 5 models trained on the 5 folds of the training lines, read together by
-# Calamari's confidence voting and by posterior averaging. docs/accuracy.md, "Ensembles".
+# Calamari's confidence voting and by posterior averaging. docs/accuracy.md, "archiscribe".
 #
 #   recipes/archiscribe_ensemble.sh [OVERRIDES...]   (overrides go to every training)
 #
 # Environment: ARCHISCRIBE (default ../shared/data/archiscribe: line images WORK/ID.png
-# beside WORK/ID.gt.txt, and split.tsv), HEIGHT (32), EPOCHS (20), FOLDS (5).
-# Data go to data/archiscribe/, the runs to runs/archiscribe/ (single, crossfold/fold-i).
-# Run it again after an interruption: finished runs are kept, interrupted ones resume.
+# beside WORK/ID.gt.txt, and split.tsv), HEIGHT (48), EPOCHS (30), FOLDS (5),
+# AUGMENT (lines-light; or an [augment] preset: lines-light, lines), and MEMBERS: "scratch"
+# (default: each fold trains EPOCHS epochs from random weights, as Calamari's folds do) or
+# "finetune" (each fold starts from the single model and trains FT_EPOCHS (2) more
+# epochs on its 4/5 of the lines: about FT_EPOCHS/EPOCHS of the cost; the fair baseline,
+# the single model trained FT_EPOCHS more epochs on all lines, is trained beside them).
+# Data go to data/archiscribe-hHEIGHT/, the runs to runs/archiscribe-hHEIGHT/ (single,
+# crossfold or single-ft and crossfold-ft). Run it again after an interruption: finished
+# runs are kept, interrupted ones resume (with the same environment and overrides).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # the project's environment as run_train.sh sets it up ($PYTHON: your own; a folder that
@@ -18,17 +24,22 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python}"
 DT=$([ -f data_tools/cli.py ] && echo data_tools || echo rnntrain_data)  # installed: rnntrain_data
 SRC=${ARCHISCRIBE:-../shared/data/archiscribe}
-HEIGHT=${HEIGHT:-32}
-EPOCHS=${EPOCHS:-20}
+HEIGHT=${HEIGHT:-48}
+EPOCHS=${EPOCHS:-30}
 FOLDS=${FOLDS:-5}
-OUT=data/archiscribe
-RUN=runs/archiscribe
+AUGMENT=${AUGMENT:-lines-light}
+MEMBERS=${MEMBERS:-scratch}
+FT_EPOCHS=${FT_EPOCHS:-2}
+OUT=data/archiscribe-h$HEIGHT     # one folder per height: a rerun never mixes two
+RUN=runs/archiscribe-h$HEIGHT
 [ -f "$SRC/split.tsv" ] || { echo "$(basename "$0"): $SRC/split.tsv not found (set ARCHISCRIBE)" >&2; exit 2; }
+case "$MEMBERS" in scratch|finetune) ;; *)
+    echo "$(basename "$0"): MEMBERS=$MEMBERS: give scratch or finetune" >&2; exit 2;; esac
 
 if [ ! -f "$OUT/test.nc" ]; then
     mkdir -p "$OUT"
     # LIST.tsv per split (image path, its .gt.txt), and one of every line for the alphabet
-    "$PY" - "$SRC" "$OUT" <<'EOF'
+    "$PY" - "$SRC" "$OUT" <<'PYEOF'
 import sys
 from pathlib import Path
 src, out = Path(sys.argv[1]).resolve(), Path(sys.argv[2])
@@ -40,9 +51,9 @@ for image, split in rows:
 lists["all"] = [ln for s in ("train", "val", "test") for ln in lists[s]]
 for name, lines in lists.items():
     (out / f"{name}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
-EOF
+PYEOF
     # one alphabet for the three sets: every character of the corpus. Margins kept as the
-    # corpus cut the lines (--trim none: docs/accuracy.md's figures were measured so)
+    # corpus cut the lines (--trim none: docs/accuracy.md, "Line geometry")
     "$PY" -m "$DT" images --list "$OUT/all.tsv" --out "$OUT/all.nc" --chars \
         --height "$HEIGHT" --trim none
     for s in train val test; do
@@ -52,21 +63,31 @@ EOF
     rm "$OUT/all.nc"
 fi
 
-# the printed-lines model (configs/printed_lines.toml) with larger batches: the lines are
-# 700 columns wide on average
-common=(data.train="$OUT/train.nc" data.test="$OUT/test.nc" train.epochs="$EPOCHS"
-        batch.batch_frames=12000 log.progress=lines)
+# the printed-lines model (configs/printed_lines.toml: batches of 3000 columns, about 240
+# steps an epoch here; 12000-column batches gave a quarter of the steps and learnt slower)
+common=(data.train="$OUT/train.nc" data.test="$OUT/test.nc" log.progress=lines)
+[ "$AUGMENT" = none ] || common+=("augment.preset=$AUGMENT")
+finished() { [ -e "$1/checkpoints/last.pt" ] && grep -q '"finished"' "$1/status.json" 2>/dev/null; }
 START=$(date +%s)
-if [ ! -e "$RUN/single/checkpoints/last.pt" ] || \
-        ! grep -q '"finished"' "$RUN/single/status.json" 2>/dev/null; then
-    "$PY" -m rnntrain train configs/printed_lines.toml "${common[@]}" data.val="$OUT/val.nc" \
-        run.dir="$RUN/single" --resume if-any "$@"
-fi
+finished "$RUN/single" || "$PY" -m rnntrain train configs/printed_lines.toml "${common[@]}" \
+    data.val="$OUT/val.nc" train.epochs="$EPOCHS" run.dir="$RUN/single" --resume if-any "$@"
 echo "single model: $(( $(date +%s) - START )) s"
-"$PY" -m rnntrain crossfold configs/printed_lines.toml --folds "$FOLDS" --out "$RUN/crossfold" \
-    "${common[@]}" "$@"
+if [ "$MEMBERS" = scratch ]; then
+    CF=$RUN/crossfold
+    "$PY" -m rnntrain crossfold configs/printed_lines.toml --folds "$FOLDS" --out "$CF" \
+        "${common[@]}" train.epochs="$EPOCHS" "$@"
+    echo "one model (all training lines):"
+    "$PY" -m rnntrain eval "$RUN/single" "$OUT/test.nc"
+else
+    CF=$RUN/crossfold-ft
+    ft=(train.init_from="$RUN/single" train.epochs="$FT_EPOCHS")
+    finished "$RUN/single-ft" || "$PY" -m rnntrain train configs/printed_lines.toml \
+        "${common[@]}" "${ft[@]}" data.val="$OUT/val.nc" run.dir="$RUN/single-ft" --resume if-any "$@"
+    "$PY" -m rnntrain crossfold configs/printed_lines.toml --folds "$FOLDS" --out "$CF" \
+        "${common[@]}" "${ft[@]}" "$@"
+    echo "one model (all training lines), and the same $FT_EPOCHS epochs longer:"
+    "$PY" -m rnntrain eval "$RUN/single" "$OUT/test.nc"
+    "$PY" -m rnntrain eval "$RUN/single-ft" "$OUT/test.nc"
+fi
 echo "single model and $FOLDS folds: $(( $(date +%s) - START )) s"
-
-echo "one model (all training lines):"
-"$PY" -m rnntrain eval "$RUN/single" "$OUT/test.nc"
-cat "$RUN/crossfold/ensemble.md"   # the folds together both ways, and each alone
+cat "$CF/ensemble.md"   # the folds together both ways, and each alone
