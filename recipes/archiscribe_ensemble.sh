@@ -8,11 +8,12 @@
 #
 # Environment: ARCHISCRIBE (default ../shared/data/archiscribe: line images WORK/ID.png
 # beside WORK/ID.gt.txt, and split.tsv), HEIGHT (48), EPOCHS (30), FOLDS (5),
-# AUGMENT (lines-light; or an [augment] preset: lines-light, lines), and MEMBERS: "scratch"
+# AUGMENT (lines-light; or none, or another [augment] preset: lines), and MEMBERS: "scratch"
 # (default: each fold trains EPOCHS epochs from random weights, as Calamari's folds do) or
 # "finetune" (each fold starts from the single model and trains FT_EPOCHS (2) more
 # epochs on its 4/5 of the lines: about FT_EPOCHS/EPOCHS of the cost; the fair baseline,
 # the single model trained FT_EPOCHS more epochs on all lines, is trained beside them).
+# (measured with FT_EPOCHS=2: voting 2.64 %, averaging 2.62 %, the single model 2.61 %.)
 # Data go to data/archiscribe-hHEIGHT/, the runs to runs/archiscribe-hHEIGHT/ (single,
 # crossfold or single-ft and crossfold-ft). Run it again after an interruption: finished
 # runs are kept, interrupted ones resume (with the same environment and overrides).
