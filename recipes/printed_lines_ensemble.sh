@@ -11,7 +11,8 @@
 # measured on the single model at the recipe's 12 epochs with the earlier twelve-DejaVu
 # training faces, neither helps the unseen font: 18.1 % CER without, 19.3 % with
 # lines-light, 31.5 % with lines; seed 2: 14.8 % without, 15.3 % with lines-light; the
-# recipe's seventeen faces (DejaVu + Computer Modern) give 10.5 % / 11.6 % without;
+# recipe's seventeen faces (DejaVu + Computer Modern) give 10.5 % / 11.6 % without, and
+# 2.79 % with its lines trimmed to their ink (the folds train the config's 12 epochs);
 # docs/accuracy.md), and recipes/printed_lines.sh's FONTS, TRAIN_LINES, VAL_LINES, TEST_LINES.
 # Data go to data/printed_lines/ (made once, shared with printed_lines.sh), the folds to
 # runs/printed_lines_ensemble/fold-0 .. fold-4. Run it again after an interruption: the
