@@ -55,9 +55,9 @@ case "${FONTS:-cm}" in
     dejavu) SEEN=${SEEN%,} ;;
     *) echo "printed_lines.sh: FONTS=${FONTS}: give cm (default) or dejavu" >&2; exit 2 ;;
 esac
-# data made with other faces (an earlier version of this script) are made again
 # each line trimmed to its ink (2 px of paper kept; TRIM=none: the margins as rendered)
 TRIM=${TRIM:-2}
+# data made with other faces or trimming (an earlier version of this script) are made again
 STAMP="$SEEN trim=$TRIM"
 if [ ! -f "$OUT/test.nc" ] || [ "$(cat "$OUT/fonts.txt" 2>/dev/null)" != "$STAMP" ]; then
     rm -rf "$OUT"
