@@ -5,7 +5,7 @@ Python API (lazy: ``import rnntrain`` loads neither torch nor NetCDF)::
     import rnntrain
     run = rnntrain.train("my.toml", train={"epochs": 5})   # → the run folder
     m = rnntrain.load(run)            # run folder, checkpoint, TorchScript or ONNX export
-    e = rnntrain.load_ensemble("runs/x-crossfold5", combine="vote")  # several models as one
+    e = rnntrain.load_ensemble("runs/x-crossfold5")  # several models as one (voting)
     m.transcribe("a.wav").text        # also an image, a .npy path, a signal or features
     m.log_probs(frames)               # (T', C) from model-ready frames (T, F)
     m.export("m.onnx", "onnx")

@@ -104,11 +104,12 @@ def _load_models(args, need_targets: bool = True):
     as one ``EnsembleNet``; ``vote`` its voting for ``evaluate`` under --combine vote."""
     from rnntrain.compute.model import total_subsample
     from rnntrain.infer.ensemble import EnsembleNet, check_combine, model_paths
-    combine = check_combine(args.combine)
+    check_combine(args.combine)
     paths = model_paths(args.checkpoint)
     cfg, ds, model, dev = _load_for_eval(str(paths[0]), args.data, args.device, need_targets)
     if len(paths) == 1:
         return cfg, ds, model, dev, None
+    combine, note = _resolve_combine(args, len(paths))
     if combine == "vote" and (args.beam or args.lexicon or args.lm):
         raise UserError("--combine vote votes on each model's best path: it takes no "
                         "--beam, --lexicon or --lm (use --combine posteriors)")
@@ -119,6 +120,8 @@ def _load_models(args, need_targets: bool = True):
     net = EnsembleNet([m for _, m in members], [m.labels for _, m in members],
                       [str(p) for p in paths], [total_subsample(c.model) for c, _ in members],
                       combine)
+    if note:
+        print(note, file=sys.stderr)
     return cfg, ds, net.to(dev), dev, net.vote_batch if combine == "vote" else None
 
 
@@ -262,22 +265,25 @@ def _cmd_transcribe(args) -> int:
     if args.threads < 0:
         raise UserError("--threads must be >= 0")
     from rnntrain.cli_decode import decoder_from_args
-    from rnntrain.infer.ensemble import check_combine, load_ensemble
+    from rnntrain.infer.ensemble import check_combine, load_ensemble, model_paths
     from rnntrain.infer.transcribe import check_page_out, expand, transcribe
     check_combine(args.combine)
     sources = expand(args.inputs)  # each exists and is of a known kind, before the model loads
     check_page_out(sources, args.page_out)
+    paths = model_paths(args.model)
     if args.out:  # a folder, a missing folder, an input (or the model) given as --out
         from rnntrain.fsutil import check_output
-        from rnntrain.infer.ensemble import model_paths
         from rnntrain.infer.model import resolve  # a run folder: its best.pt is an input
-        check_output(args.out, [*(resolve(p) for p in model_paths(args.model)), *args.inputs,
+        check_output(args.out, [*(resolve(p) for p in paths), *args.inputs,
                                 *(s.path for s in sources)])
     from rnntrain.compute.pool import usable_cores
     threads = args.threads or usable_cores()
+    combine, note = _resolve_combine(args, len(paths)) if len(paths) > 1 else ("auto", None)
     # ONNX Runtime: one intra-op thread per worker thread, as for torch
-    model = load_ensemble(args.model, args.combine, device=args.device,
+    model = load_ensemble(args.model, combine, device=args.device,
                           threads=1 if threads > 1 else 0)  # one model or several
+    if note:
+        print(note, file=sys.stderr)
     # the compiled decoder that decode and eval use: the same hypotheses for the same input
     decoder = decoder_from_args(args, model.labels, model.blank)
     if not args.out:
@@ -624,10 +630,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_combine(p):
-    p.add_argument("--combine", default="posteriors", metavar="posteriors|vote",
-                   help="several models: average their frame posteriors (one frame rate), "
-                        "or vote on their best paths by confidence as Calamari does "
-                        "(README, Ensembles)")
+    p.add_argument("--combine", default="auto", metavar="auto|vote|posteriors",
+                   help="several models: vote on their best paths by confidence as "
+                        "Calamari does, or average their frame posteriors (one frame "
+                        "rate); auto (default): vote, unless --beam, --lexicon, --lm, "
+                        "--nbest, --full or --json (decode, transcribe) need the "
+                        "posteriors (README, Ensembles)")
+
+
+def _resolve_combine(args, n_models: int) -> tuple[str, str | None]:
+    """``--combine`` for ``n_models`` (> 1) models → ("vote" or "posteriors"
+    (``infer.ensemble.resolve_combine``), the line to print on stderr once the models are
+    loaded when ``auto`` averages, else None)."""
+    from rnntrain.infer.ensemble import resolve_combine
+    needs = [opt for opt, on in (("--beam", bool(args.beam)), ("--lexicon", args.lexicon),
+                                 ("--lm", args.lm),
+                                 ("--nbest", getattr(args, "nbest", 1) > 1),
+                                 ("--full", getattr(args, "full", False)),
+                                 # eval's --json is a score; decode's/transcribe's: spans
+                                 ("--json", args.cmd != "eval" and args.json)) if on]
+    combine = resolve_combine(args.combine, needs)
+    if args.combine == "auto" and combine == "posteriors":
+        return combine, (f"rnntrain: --combine auto: averaging the {n_models} models' "
+                         f"posteriors for {', '.join(needs)} (a plain best path is voted)")
+    return combine, None
 
 
 def _prepare(argv: list[str]) -> tuple[list[str], list[str], str | None]:

@@ -180,7 +180,7 @@ def _cli(capsys, *args) -> tuple[int, str, str]:
     return rc, out.out, out.err
 
 
-@pytest.mark.parametrize("combine", ["posteriors", "vote"])
+@pytest.mark.parametrize("combine", ["posteriors", "vote", "auto"])
 def test_k_copies_of_one_model_give_exactly_that_model(random_models, synth_pair, capsys,
                                                        combine):
     d, h, _, _ = random_models
@@ -210,16 +210,48 @@ def test_averaged_posteriors_decode_as_an_independent_average(random_models, syn
     single = [" ".join(h.labels[k] for k in best_path(a, len(a), len(h.labels)))
               for a in lps[0]]
     assert want != single  # the second model changes something
-    rc, out, err = _cli(capsys, "decode", f"{d / 'm0.pt'},{d / 'm1.pt'}", synth_pair[1])
+    pair = f"{d / 'm0.pt'},{d / 'm1.pt'}"
+    rc, out, err = _cli(capsys, "decode", pair, synth_pair[1], "--combine", "posteriors")
     assert rc == 0, err
     assert [ln.split("\t")[1] for ln in out.splitlines()] == want
     # voting on the same two: the independent vote of their best paths
     voted = [" ".join(h.labels[k] for k in vote_log_probs([a, b], len(h.labels)).labels)
              for a, b in zip(*lps)]
-    rc, out, err = _cli(capsys, "decode", f"{d / 'm0.pt'},{d / 'm1.pt'}", synth_pair[1],
-                        "--combine", "vote")
+    assert voted != want  # the two methods disagree here, so the default is told apart
+    rc, out, err = _cli(capsys, "decode", pair, synth_pair[1], "--combine", "vote")
     assert rc == 0, err
     assert [ln.split("\t")[1] for ln in out.splitlines()] == voted
+    # the default (auto) votes for a plain best path, silently
+    rc, out, err = _cli(capsys, "decode", pair, synth_pair[1])
+    assert rc == 0 and err == "", err
+    assert [ln.split("\t")[1] for ln in out.splitlines()] == voted
+    # ... and averages when an option needs the posteriors (JSON's spans, a beam search),
+    # saying so in one line
+    rc, out, err = _cli(capsys, "decode", pair, synth_pair[1], "--json")
+    assert rc == 0 and len(err.strip().splitlines()) == 1, err
+    assert "--combine auto: averaging the 2 models' posteriors for --json" in err
+    assert [" ".join(json.loads(ln)["labels"]) for ln in out.splitlines()] == want
+    rc, beamed, err = _cli(capsys, "decode", pair, synth_pair[1], "--beam", "4")
+    assert rc == 0 and "posteriors for --beam" in err and len(err.strip().splitlines()) == 1
+    rc, want_beamed, err = _cli(capsys, "decode", pair, synth_pair[1], "--beam", "4",
+                                "--combine", "posteriors")
+    assert rc == 0 and err == "" and beamed == want_beamed
+    # the Python API: load_ensemble's default votes for a best path, averages for n-best
+    ens = load_ensemble(pair)
+    tsv = io.StringIO()
+    transcribe(ens, [str(synth_pair[1])], threads=1, out=tsv, progress=False)
+    assert [ln.split("\t")[1] for ln in tsv.getvalue().splitlines()] == voted
+    rc, out, err = _cli(capsys, "transcribe", pair, synth_pair[1], "--threads", "1")
+    assert rc == 0 and out == tsv.getvalue(), err  # the command's default: the same vote
+    rc, out, err = _cli(capsys, "transcribe", pair, synth_pair[1], "--threads", "1", "--full")
+    assert rc == 0 and "posteriors for --full" in err
+    assert [ln.split("\t")[1] for ln in out.splitlines()] == want
+    nb = io.StringIO()  # an n-best list: the averaged posteriors' beam search
+    transcribe(ens, [str(synth_pair[1])], beam=4, nbest=2, threads=1, out=nb, progress=False)
+    nb_post = io.StringIO()
+    transcribe(load_ensemble(pair, "posteriors"), [str(synth_pair[1])], beam=4, nbest=2,
+               threads=1, out=nb_post, progress=False)
+    assert nb.getvalue() == nb_post.getvalue() and nb.getvalue()
 
 
 def _permuted_copy(src, dst, perm: list[int]):
@@ -252,8 +284,10 @@ def test_ensembles_that_cannot_combine_are_refused_in_one_line(random_models, sy
     other = h.labels[:-1] + ["zz"]
     make_checkpoint(tmp_path / "abc.pt", h.input_size, other)
     val = synth_pair[1]
+    slow = f"{d / 'm0.pt'},{tmp_path / 'slow.pt'}"
     cases = [
-        (["decode", f"{d / 'm0.pt'},{tmp_path / 'slow.pt'}", val], "one frame rate"),
+        (["decode", slow, val, "--combine", "posteriors"], "one frame rate"),
+        (["decode", slow, val, "--beam", "4"], "one frame rate"),  # auto: posteriors asked
         (["decode", f"{d / 'm0.pt'},{tmp_path / 'abc.pt'}", val], "alphabet"),
         (["eval", f"{d / 'm0.pt'},{d / 'm1.pt'}", val, "--combine", "vote", "--beam", "4"],
          "no --beam"),
@@ -263,10 +297,10 @@ def test_ensembles_that_cannot_combine_are_refused_in_one_line(random_models, sy
         rc, _, err = _cli(capsys, *args)
         lines = err.strip().splitlines()
         assert rc == 2 and len(lines) == 1 and msg in lines[0], (args, err)
-    # voting needs no common frame rate
-    rc, out, err = _cli(capsys, "decode", f"{d / 'm0.pt'},{tmp_path / 'slow.pt'}", val,
-                        "--combine", "vote")
-    assert rc == 0 and len(out.splitlines()) == h.num_seqs, err
+    # voting needs no common frame rate, and is the default for a best path
+    for extra in (["--combine", "vote"], []):
+        rc, out, err = _cli(capsys, "decode", slow, val, *extra)
+        assert rc == 0 and len(out.splitlines()) == h.num_seqs, err
 
 
 # ---------------------------------------------------------------- crossfold

@@ -2,7 +2,8 @@
 
 ``rnntrain eval``, ``decode`` and ``transcribe`` take several models wherever they take
 one (``model_paths``): a crossfold folder (``rnntrain crossfold``: the best checkpoint of
-each fold) or paths separated by commas. Two ways to combine them (``--combine``):
+each fold) or paths separated by commas. Two ways to combine them (``--combine``), and
+``auto``, the default, which picks one (``resolve_combine``):
 
 - ``posteriors``: the frame posteriors are averaged, ``log mean_k exp(lp_k)`` per frame
   and class (``average_log_probs``), then decoded as one model's (best path, beam search,
@@ -16,6 +17,13 @@ each fold) or paths separated by commas. Two ways to combine them (``--combine``
   segment the models whose segment has the most frequent length vote, position by
   position, by summing their probabilities of each label; the label with the highest sum
   wins (``vote``). Models may have different frame rates.
+- ``auto``: ``vote`` for a plain best-path reading, ``posteriors`` when the command asks
+  for what only averaged posteriors give (a beam search, lexicon or LM; n-best lists;
+  label spans). Why vote first: members trained apart (crossfold folds from random weights)
+  put their CTC peaks on different frames, so their average smears them: 5 such
+  printed-lines folds read the unseen font at 3.09 % CER by voting and 9.51 % by
+  averaging; 5 members fine-tuned from one model tie (2.64 against 2.62 %; docs/accuracy.md,
+  *Ensembles*, *archiscribe*).
 
 Labels are matched by name: the models must share one alphabet, in any order (the first
 model's order is the ensemble's). K copies of one model give exactly that model's output
@@ -35,7 +43,7 @@ import torch
 from rnntrain.errors import UserError
 from rnntrain.infer.api import Model, Transcript, load
 
-COMBINE = ("posteriors", "vote")
+COMBINE = ("auto", "vote", "posteriors")
 
 
 # ---------------------------------------------------------------- which models
@@ -73,8 +81,26 @@ def _has_checkpoint(run: Path) -> bool:
 
 def check_combine(combine: str) -> str:
     if combine not in COMBINE:
-        raise UserError(f"--combine {combine!r}: choose {' or '.join(COMBINE)}")
+        raise UserError(f"--combine {combine!r}: choose {', '.join(COMBINE[:-1])} or "
+                        f"{COMBINE[-1]}")
     return combine
+
+
+def resolve_combine(combine: str, needs: list[str]) -> str:
+    """``--combine`` → "vote" or "posteriors": ``auto`` is "vote" unless ``needs`` names
+    options that only averaged posteriors serve (``--beam``, ``--lm``, ``--nbest``, spans
+    ...: the caller lists those given), then "posteriors"; the others are themselves."""
+    if check_combine(combine) != "auto":
+        return combine
+    return "posteriors" if needs else "vote"
+
+
+def wants_posteriors(beam, nbest: int) -> bool:
+    """A decoding request (``beam``: a width, a Decoder, or None for best path; ``nbest``)
+    that voting cannot serve: anything but a plain best path."""
+    if beam is None:
+        return nbest > 1
+    return not isinstance(beam, (int, np.integer)) or beam > 0 or nbest > 1
 
 
 # ---------------------------------------------------------------- alphabets
@@ -275,7 +301,7 @@ class EnsembleNet(torch.nn.Module):
     def __init__(self, nets: list, label_lists: list[list[str]], names: list[str],
                  rates: list[int], combine: str = "posteriors"):
         super().__init__()
-        check_combine(combine)
+        assert combine in ("posteriors", "vote"), "resolve_combine first"
         self.orders = label_orders(label_lists, names)
         if combine == "posteriors" and len(set(rates)) > 1:
             raise frame_rate_error(names, rates)
@@ -345,8 +371,9 @@ class EnsembleEngine:
         return average_log_probs(outs), lens[0]
 
 
-def load_ensemble(spec, combine: str = "posteriors", device: str = "cpu", threads: int = 0):
-    """A MODEL argument (``model_paths``) → ``api.Model`` (one model) or ``EnsembleModel``."""
+def load_ensemble(spec, combine: str = "auto", device: str = "cpu", threads: int = 0):
+    """A MODEL argument (``model_paths``) → ``api.Model`` (one model) or ``EnsembleModel``
+    (``combine``: "auto", "vote" or "posteriors", as ``EnsembleModel`` takes it)."""
     check_combine(combine)
     paths = model_paths(spec)
     models = [load(p, device=device, threads=threads) for p in paths]
@@ -357,9 +384,12 @@ def load_ensemble(spec, combine: str = "posteriors", device: str = "cpu", thread
 
 class EnsembleModel(Model):
     """K models as one ``Model``: the first one's labels, input preparation and frame
-    rate; ``combine`` "posteriors" or "vote" (see the module docstring)."""
+    rate; ``combine`` "posteriors", "vote" or "auto" (see the module docstring): "auto"
+    votes for a plain best path and averages the posteriors for a beam search or an
+    n-best list, call by call (a voted Transcript has no spans: ask for "posteriors" when
+    spans matter)."""
 
-    def __init__(self, models: list, combine: str = "posteriors"):
+    def __init__(self, models: list, combine: str = "auto"):
         names = [str(m.path) for m in models]
         first = _input_side(models[0].meta)
         for m, name in zip(models[1:], names[1:]):
@@ -389,9 +419,10 @@ class EnsembleModel(Model):
     def decode_frames(self, frames: np.ndarray, beam=0, nbest: int = 1) -> Transcript:
         """Model-ready frames (T, F) → Transcript, combined as ``combine`` says (voting:
         the voters' mean confidences, no spans, no n-best)."""
-        if self.combine == "posteriors":
+        how = resolve_combine(self.combine, ["beam"] if wants_posteriors(beam, nbest) else [])
+        if how == "posteriors":
             return super().decode_frames(frames, beam, nbest)
-        if not isinstance(beam, (int, np.integer)) or beam > 0 or nbest > 1:
+        if wants_posteriors(beam, nbest):
             raise UserError("--combine vote votes on each model's best path: it takes "
                             "no --beam, --lexicon, --lm or --nbest (use --combine posteriors)")
         x = frames[:, None, :].astype(np.float32)
