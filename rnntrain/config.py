@@ -118,6 +118,12 @@ class ModelConfig(Section):
     """"group" (per image, over valid columns) or "none\""""
     conv_dropout: float = field(default=0.0, metadata={"ge": 0, "lt": 1, "finite": True})
     """channel dropout after each block"""
+    blank_bias: float = field(default=0.0, metadata={"ge": -30, "lt": 30, "finite": True})
+    """added to the output layer's initial bias of the CTC blank (a head start in log-odds:
+    a CTC model first learns that most frames are blank, then leaves that plateau; 4 gets
+    FSDD to its target a whole epoch sooner, docs/accuracy.md); 0 = torch's initialisation.
+    Only a new model's initial weights: fine-tuning (train.init_from) and resuming load
+    theirs"""
 
 
 @dataclass

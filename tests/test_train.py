@@ -170,3 +170,43 @@ def test_cpu_update_is_fused_and_an_unfused_checkpoint_resumes_unfused(tmp_path)
     assert ck2["state"]["epoch"] == 2
     assert all(g["fused"] is None for g in ck2["optim"]["param_groups"])
     assert int(ck2["optim"]["state"][0]["step"]) > int(ck["optim"]["state"][0]["step"])
+
+
+def test_blank_bias_adds_to_the_blank_output_alone(tmp_path):
+    """model.blank_bias: a run starts from torch's initialisation under its seed with the
+    value added to the output layer's blank bias and nothing else (0: exactly torch's).
+    A learning rate of 1e-30 leaves every fp32 weight of the saved model as it started."""
+    from rnntrain.compute.model import build_model
+    data = _tiny(tmp_path, n=8, seed=4, name="bb.nc")
+    for bias in (0.0, 2.5):
+        cfg, _ = _cfg(tmp_path, data, run=f"bb{bias}", train__epochs=1, optim__lr=1e-30,
+                      model__blank_bias=bias)
+        saved = torch.load(train(cfg) / "checkpoints" / "last.pt",
+                           weights_only=True)["model"]
+        torch.manual_seed(cfg.train.seed)   # the same draws, built here on their own
+        ref = build_model(cfg.model, 6, 5).state_dict()
+        assert saved.keys() == ref.keys()
+        for k, v in ref.items():
+            if k == "out.bias":
+                assert torch.equal(saved[k][:5], v[:5])    # the five labels untouched
+                assert saved[k][5].item() == pytest.approx(v[5].item() + bias, abs=1e-6)
+            else:
+                assert torch.equal(saved[k], v), k
+
+
+def test_a_checkpoint_without_a_newer_model_key_resumes(tmp_path):
+    """A checkpoint from an rnntrain that lacked a [model] key (blank_bias here) resumes
+    under a config that leaves the key at its default; a real difference still refuses."""
+    data = _tiny(tmp_path, n=8, seed=5, name="old.nc")
+    cfg, ov = _cfg(tmp_path, data, run="old", train__epochs=1)
+    out = train(cfg)
+    path = out / "checkpoints" / "last.pt"
+    ck = torch.load(path, weights_only=True)
+    del ck["config"]["model"]["blank_bias"]   # as the older rnntrain wrote it
+    torch.save(ck, path)
+    cfg2, _ = _cfg(tmp_path, data, run="old", train__epochs=2, model__blank_bias=1.0)
+    with pytest.raises(Exception, match="blank_bias"):
+        train(cfg2, overrides=ov, resume="auto")
+    cfg2, _ = _cfg(tmp_path, data, run="old", train__epochs=2)
+    train(cfg2, overrides=ov, resume="auto")
+    assert torch.load(path, weights_only=True)["state"]["epoch"] == 2

@@ -285,6 +285,15 @@ def init_uniform(model: nn.Module, scale: float = 0.1, generator=None):
             p.uniform_(-scale, scale, generator=generator)
 
 
+def init_blank_bias(model: CTCModel, bias: float):
+    """Add ``bias`` to the output layer's blank bias (``model.blank_bias``): the network
+    starts out predicting mostly blank, the CTC solution's frame majority, instead of
+    learning it in its first steps. 0 leaves the weights untouched."""
+    if bias:
+        with torch.no_grad():
+            model.out.bias[model.blank] += bias
+
+
 def flatten_params(params) -> np.ndarray:
     """The parameters as one float32 host vector (a copy), in ``params`` order."""
     return torch.cat([p.detach().reshape(-1).float().cpu() for p in params]).numpy()

@@ -364,7 +364,10 @@ def check_matches(ck: Checkpoint, ds, model_cfg: dict):
     if card.image_height != have:
         raise UserError(f"{path}: checkpoint's image height {card.image_height} "
                         f"differs from {ds.source} ({have})")
-    saved = card.config.get("model", {})
+    # a key the checkpoint's rnntrain did not have yet holds its default (what that
+    # rnntrain built)
+    from rnntrain.config import ModelConfig
+    saved = {**asdict(ModelConfig()), **card.config.get("model", {})}
     if saved != model_cfg:
         diff = {k: (saved.get(k), v) for k, v in model_cfg.items() if saved.get(k) != v}
         raise UserError(f"{path}: model section differs from the config "

@@ -23,8 +23,8 @@ from tqdm import tqdm
 from rnntrain.augment import Augmenter
 from rnntrain.compute import allocator
 from rnntrain.compute.device import autocast_dtype, host_every, memory_bytes, pick_device
-from rnntrain.compute.model import (build_model, check_memory, count_params, init_uniform,
-                                    total_subsample)
+from rnntrain.compute.model import (build_model, check_memory, count_params,
+                                    init_blank_bias, init_uniform, total_subsample)
 from rnntrain.compute.optim import build_optimizer
 from rnntrain.compute.pool import cap_threads, default_threads
 from rnntrain.config import Config, to_dict, to_toml
@@ -153,6 +153,7 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
                         train_ds.frame_height)
     if cfg.model.cell == "peephole":
         init_uniform(model, 0.1)
+    init_blank_bias(model, cfg.model.blank_bias)
     if tc.init_from and not resume:
         log.info(finetune.start_from(cfg, model, card.labels, train_ds)[1])
     model.to(device).train()
