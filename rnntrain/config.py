@@ -135,6 +135,11 @@ class OptimConfig(Section):
     """learning rate"""
     momentum: float = non_negative(0.9, finite=True)
     """sgd only"""
+    beta1: float = field(default=0.9, metadata={"ge": 0, "lt": 1})
+    """adam only: decay of the gradient's running mean (torch's default 0.9; lower follows
+    the gradient sooner: FSDD's first epoch, docs/accuracy.md)"""
+    beta2: float = field(default=0.999, metadata={"ge": 0, "lt": 1})
+    """adam only: decay of the squared gradient's running mean (torch's default)"""
     weight_decay: float = non_negative(0.0, finite=True)
     """L2 weight decay"""
     clip_norm: float = non_negative(0.0, finite=True)

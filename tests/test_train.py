@@ -210,3 +210,25 @@ def test_a_checkpoint_without_a_newer_model_key_resumes(tmp_path):
     cfg2, _ = _cfg(tmp_path, data, run="old", train__epochs=2)
     train(cfg2, overrides=ov, resume="auto")
     assert torch.load(path, weights_only=True)["state"]["epoch"] == 2
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_adam_betas_from_the_config_against_numpy_adam(fused):
+    """optim.beta1/beta2 reach the update: three fused and unfused Adam steps equal
+    Adam's formula written out in numpy; the defaults are torch's (0.9, 0.999)."""
+    from rnntrain.compute.optim import build_optimizer
+    assert build_optimizer(load_config(None, ["data.train=x.nc"]).optim,
+                           [torch.nn.Parameter(torch.zeros(1))]).defaults["betas"] == (0.9, 0.999)
+    ocfg = load_config(None, ["data.train=x.nc", "optim.lr=0.1", "optim.beta1=0.5", "optim.beta2=0.8"]).optim
+    w0 = np.array([0.3, -1.2, 2.0], np.float64)
+    p = torch.nn.Parameter(torch.tensor(w0, dtype=torch.float32))
+    opt = build_optimizer(ocfg, [p], fused=fused)
+    grads = np.array([[1.0, -2.0, 0.5], [0.3, 0.1, -4.0], [-1.0, 2.5, 0.2]])
+    w, m, v = w0.copy(), np.zeros(3), np.zeros(3)
+    for t, g in enumerate(grads, 1):
+        p.grad = torch.tensor(g, dtype=torch.float32)
+        opt.step()
+        m = 0.5 * m + 0.5 * g
+        v = 0.8 * v + 0.2 * g * g
+        w -= 0.1 * (m / (1 - 0.5 ** t)) / (np.sqrt(v / (1 - 0.8 ** t)) + 1e-8)
+    np.testing.assert_allclose(p.detach().numpy(), w, rtol=1e-5, atol=1e-6)

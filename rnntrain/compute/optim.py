@@ -18,8 +18,8 @@ def build_optimizer(ocfg, params, fused: bool = False) -> torch.optim.Optimizer:
     if ocfg.name == "sgd":
         return torch.optim.SGD(params, lr=ocfg.lr, momentum=ocfg.momentum,
                                weight_decay=ocfg.weight_decay, fused=fused or None)
-    return torch.optim.Adam(params, lr=ocfg.lr, weight_decay=ocfg.weight_decay,
-                            fused=fused or None)
+    return torch.optim.Adam(params, lr=ocfg.lr, betas=(ocfg.beta1, ocfg.beta2),
+                            weight_decay=ocfg.weight_decay, fused=fused or None)
 
 
 def lr_factor(ocfg, step: int, steps_per_epoch: int, total_steps: int) -> float:
