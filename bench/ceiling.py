@@ -71,12 +71,31 @@ def rank_steps(batches, lengths: np.ndarray, world: int, tasks_per_worker: int,
     return steps
 
 
+def predicted_fps(steps: list[Step], lengths: np.ndarray, cost) -> float:
+    """The same dealing with the cost model's task costs instead of timed ones (``cost``:
+    a ``pool.CostModel``, its units padded-frame equivalents): real frames per unit of
+    predicted time. A function of the lengths alone: no timing, no machine load."""
+    from rnntrain.compute.pool import _list_schedule
+    frames = wall = 0.0
+    for step in steps:
+        slowest = 0.0
+        for workers, groups in step:
+            costs = [cost(len(g), int(lengths[list(g)].max())) for g in groups]
+            frames += sum(int(lengths[list(g)].sum()) for g in groups)
+            slowest = max(slowest, _list_schedule(costs, workers))
+        wall += slowest
+    return frames / wall
+
+
 def measure(comp, payload, targets, lengths: np.ndarray, settings: dict[str, list[Step]],
-            rounds: int = 2, seed: int = 1, epoch: int = 0) -> dict[str, Ceiling]:
+            rounds: int = 2, seed: int = 1, epoch: int = 0,
+            clock=time.perf_counter) -> dict[str, Ceiling]:
     """Time every task of every setting alone on this thread (``comp``: a training
     ``TaskComputer``; ``payload[s]``: the frames of sequence s; step i draws its noise
     and dropout from (``seed``, ``epoch``, i) as training does), settings interleaved
-    round by round, the best round of each kept (this VM's speed drifts by minutes)."""
+    round by round, the best round of each kept (this VM's speed drifts by minutes).
+    ``clock``: ``time.perf_counter`` (wall) or ``time.thread_time`` (this thread's CPU
+    time: on a machine other jobs load, the time a task waits for a core is left out)."""
     from rnntrain.compute.pool import Task, _list_schedule, task_settings
     best: dict[str, Ceiling] = {}
     with task_settings(1):
@@ -96,9 +115,9 @@ def measure(comp, payload, targets, lengths: np.ndarray, settings: dict[str, lis
                         for j, g in enumerate(groups):
                             task = Task(j, g, ([payload[s] for s in g],
                                                [targets[s] for s in g]))
-                            t0 = time.perf_counter()
+                            t0 = clock()
                             comp(0, task)
-                            times.append(time.perf_counter() - t0)
+                            times.append(clock() - t0)
                             frames += int(lengths[list(g)].sum())
                         busy += sum(times)
                         tasks += len(times)

@@ -163,10 +163,13 @@ def test_rank_ceiling_deals_each_global_batch_as_the_ranks_plans_do(synth_pair):
         assert sorted(s for g in groups for s in g) == sorted(both[0] + both[1])
 
 
-def test_ceiling_times_every_task_once_and_deals_them_as_the_pool_does(synth_pair):
+@pytest.mark.parametrize("clock", ["perf_counter", "thread_time"])
+def test_ceiling_times_every_task_once_and_deals_them_as_the_pool_does(synth_pair, clock):
     """bench/ceiling.py runs each task of each setting once per round through the training
     TaskComputer; one worker's wall is its busy time, two workers' lies between half and
-    all of it, and the rate counts every real frame of the batches."""
+    all of it, and the rate counts every real frame of the batches. The same on either
+    clock (wall time, or the thread's CPU time)."""
+    import time
     from bench import ceiling
     from rnntrain.compute.model import CTCModel
     from rnntrain.compute.tasks import TaskComputer, cost_model_for
@@ -187,7 +190,7 @@ def test_ceiling_times_every_task_once_and_deals_them_as_the_pool_does(synth_pai
             return super().__call__(worker, task)
 
     c = ceiling.measure(Counting(model, torch.device("cpu")), payload, ds.targets,
-                        ds.lengths, settings, rounds=2)
+                        ds.lengths, settings, rounds=2, clock=getattr(time, clock))
     frames = sum(int(ds.lengths[list(b)].sum()) for b in batches)
     for name, w in (("1x1", 1), ("2x1", 2)):
         groups = [g for st in settings[name] for _, gs in st for g in gs]
@@ -299,3 +302,39 @@ def test_verbose_parsing_on_a_real_mkl_and_onednn_run():
         assert d["impl"][key] in impls, key
     if "MKL_VERBOSE" in text:  # torch built with MKL: its banner, not a GEMM call line
         assert d["mkl"] and "GEMM(" not in d["mkl"]
+
+
+def test_predicted_ceiling_deals_the_cost_models_task_costs(synth_pair):
+    """bench/ceiling.py's prediction: one worker's time is the sum of every task's
+    predicted cost, two workers' the sum over batches of the slower worker when each task
+    goes to the first free one (written out here for two workers); frames are real frames."""
+    from bench import ceiling
+    from rnntrain.compute.pool import CostModel
+    from rnntrain.data.dataset import Dataset
+    from rnntrain.data.plan import group_by_length
+    train, _ = synth_pair
+    ds = Dataset.open(str(train))
+    batches = group_by_length(np.arange(ds.num_seqs), ds.lengths, 400)
+    cost = CostModel(1.0, 3.0, 50.0, 0.5)
+    frames = sum(int(ds.lengths[list(b)].sum()) for b in batches)
+
+    def c(g):
+        return 1.0 * len(g) * ds.lengths[list(g)].max() + 3.0 * len(g) + 50.0 \
+            + 0.5 * ds.lengths[list(g)].max()
+    one = ceiling.thread_steps(batches, ds.lengths, 1, 2, cost)
+    assert ceiling.predicted_fps(one, ds.lengths, cost) == pytest.approx(
+        frames / sum(c(g) for st in one for _, gs in st for g in gs), rel=1e-12)
+    two = ceiling.thread_steps(batches, ds.lengths, 2, 2, cost)
+    wall = 0.0
+    for st in two:
+        (_, groups), = st
+        a = b = 0.0
+        for g in groups:          # the first free worker takes the next task (ties: a)
+            if a <= b:
+                a += c(g)
+            else:
+                b += c(g)
+        wall += max(a, b)
+    assert any(len(gs) > 1 for st in two for _, gs in st)
+    assert ceiling.predicted_fps(two, ds.lengths, cost) == pytest.approx(frames / wall,
+                                                                          rel=1e-12)
