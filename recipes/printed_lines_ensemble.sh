@@ -12,7 +12,7 @@
 # training faces, neither helps the unseen font: 18.1 % CER without, 19.3 % with
 # lines-light, 31.5 % with lines; seed 2: 14.8 % without, 15.3 % with lines-light; the
 # recipe's seventeen faces (DejaVu + Computer Modern) give 10.5 % / 11.6 % without, and
-# 2.79 % with its lines trimmed to their ink; docs/accuracy.md), and recipes/printed_lines.sh's
+# 2.79 % / 3.07 % (seeds 1 / 2) with its lines trimmed to their ink; docs/accuracy.md), and recipes/printed_lines.sh's
 # FONTS, TRIM, TRAIN_LINES, VAL_LINES, TEST_LINES. Each fold trains what the single model
 # does: 6 epochs on the trimmed lines (12 with TRIM=none).
 # Data go to data/printed_lines/ (made once, shared with printed_lines.sh), the folds to
