@@ -13,7 +13,8 @@
 # "finetune" (each fold starts from the single model and trains FT_EPOCHS (2) more
 # epochs on its 4/5 of the lines: about FT_EPOCHS/EPOCHS of the cost; the fair baseline,
 # the single model trained FT_EPOCHS more epochs on all lines, is trained beside them).
-# (measured with FT_EPOCHS=2: voting 2.64 %, averaging 2.62 %, the single model 2.61 %.)
+# (measured with FT_EPOCHS=2: voting 2.64 %, averaging 2.62 %, the single model 2.61 %;
+# a second seed of the single model: 3.08 %.)
 # Data go to data/archiscribe-hHEIGHT/, the runs to runs/archiscribe-hHEIGHT/ (single,
 # crossfold or single-ft and crossfold-ft). Run it again after an interruption: finished
 # runs are kept, interrupted ones resume (with the same environment and overrides).
