@@ -11,6 +11,7 @@ CONFIG=configs/default.toml
 if [ $# -gt 0 ] && [[ "$1" != *=* ]] && [[ "$1" != -* ]]; then CONFIG=$1; shift; fi
 source scripts/env.sh
 if [ "$CONFIG" = configs/default.toml ]; then
+  mkdir -p data  # a fresh clone has none (data/ is not tracked)
   [ -f data/synth_train.nc ] || python -m data_tools synth data/synth_train.nc --seqs 3000 --seed 1
   [ -f data/synth_val.nc ] || python -m data_tools synth data/synth_val.nc --seqs 200 --seed 2
 fi

@@ -33,6 +33,14 @@ def test_init_writes_an_example_and_keeps_existing_files(tmp_path):
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "default.toml").read_text() == (ROOT / "configs/default.toml").read_text()
     assert "rnntrain-data synth data/synth_train.nc" in r.stdout
+    # the printed data commands work as written in this (empty but for the config) folder
+    hints = [ln.strip() for ln in r.stdout.split("its data:\n")[1].split("then:")[0].splitlines()]
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    for h in hints:
+        h = h.replace("--seqs 3000", "--seqs 30")  # the same command, a smaller file
+        done = subprocess.run(h, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, (h, done.stderr)
+    assert (tmp_path / "data/synth_train.nc").is_file() and (tmp_path / "data/synth_val.nc").is_file()
     r = run_cli("rnntrain", "init", cwd=tmp_path)
     assert r.returncode == 2 and "default.toml exists; pass --force" in r.stderr
     r = run_cli("rnntrain", "init", "yesno", "--out", tmp_path / "y.toml", cwd=tmp_path)
@@ -40,6 +48,26 @@ def test_init_writes_an_example_and_keeps_existing_files(tmp_path):
     r = run_cli("rnntrain", "init", "nope", cwd=tmp_path)
     names = ", ".join(sorted(p.stem for p in (ROOT / "configs").glob("*.toml")))
     assert r.returncode == 2 and f"examples: {names}" in r.stderr, r.stderr
+
+
+def test_run_train_sh_from_a_fresh_checkout(tmp_path):
+    """README's first command, ``./run_train.sh``, in a copy of the repository's layout with
+    no data/ folder (a fresh clone has none), using this test's virtual environment."""
+    venv = Path(sys.prefix)
+    if not list(venv.glob(".rnntrain-installed-*-dev,mpi")):
+        pytest.skip("not the virtual environment scripts/env.sh set up (it would reinstall)")
+    shutil.copy2(ROOT / "run_train.sh", tmp_path / "run_train.sh")
+    for name in ("scripts", "configs", "data_tools", "rnntrain", "pyproject.toml",
+                 "constraints.txt"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    (tmp_path / ".venv").symlink_to(venv)
+    env = {k: v for k, v in os.environ.items() if k not in ("VENV", "EXTRAS", "PYTHONPATH")}
+    done = subprocess.run(["./run_train.sh", "train.epochs=1", "run.dir=runs/fresh",
+                           "compute.threads=1"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "data/synth_train.nc").is_file()
+    assert (tmp_path / "runs/fresh/checkpoints/last.pt").is_file()
 
 
 def test_init_writes_a_recipe_with_what_it_runs(tmp_path):

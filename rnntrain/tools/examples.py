@@ -20,7 +20,8 @@ from rnntrain.fsutil import atomic_write
 
 # how to make the data each example reads (paths relative to where the user runs it)
 DATA_HINTS = {
-    "default": ["rnntrain-data synth data/synth_train.nc --seqs 3000 --seed 1",
+    "default": ["mkdir -p data",
+                "rnntrain-data synth data/synth_train.nc --seqs 3000 --seed 1",
                 "rnntrain-data synth data/synth_val.nc --seqs 200 --seed 2"],
     "fsdd_digits": ["see recipes/fsdd_digits.sh in the rnntrain repository (FSDD recordings "
                     "→ data/fsdd/*.nc)"],
