@@ -205,7 +205,8 @@ def test_a_checkpoint_without_a_newer_model_key_resumes(tmp_path):
     del ck["config"]["model"]["blank_bias"]   # as the older rnntrain wrote it
     torch.save(ck, path)
     cfg2, _ = _cfg(tmp_path, data, run="old", train__epochs=2, model__blank_bias=1.0)
-    with pytest.raises(Exception, match="blank_bias"):
+    from rnntrain.errors import UserError
+    with pytest.raises(UserError, match="model section differs.*blank_bias"):
         train(cfg2, overrides=ov, resume="auto")
     cfg2, _ = _cfg(tmp_path, data, run="old", train__epochs=2)
     train(cfg2, overrides=ov, resume="auto")
