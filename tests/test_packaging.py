@@ -54,8 +54,13 @@ def test_run_train_sh_from_a_fresh_checkout(tmp_path):
     """README's first command, ``./run_train.sh``, in a copy of the repository's layout with
     no data/ folder (a fresh clone has none), using this test's virtual environment."""
     venv = Path(sys.prefix)
-    if not list(venv.glob(".rnntrain-installed-*-dev,mpi")):
-        pytest.skip("not the virtual environment scripts/env.sh set up (it would reinstall)")
+    # scripts/env.sh installs unless this stamp (its own formula) is there; an install from
+    # the copy would repoint this very environment at a temporary folder, so never let it
+    cksum = subprocess.run("cat pyproject.toml constraints.txt | cksum", shell=True, cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()[0]
+    if not (venv / f".rnntrain-installed-{cksum}-dev,mpi").is_file():
+        pytest.skip("this virtual environment is not scripts/env.sh's, up to date (it would "
+                    "reinstall): run ./run_tests.sh")
     shutil.copy2(ROOT / "run_train.sh", tmp_path / "run_train.sh")
     for name in ("scripts", "configs", "data_tools", "rnntrain", "pyproject.toml",
                  "constraints.txt"):
