@@ -134,12 +134,30 @@ def not_run() -> str:
             "at several batch budgets.\n")
 
 
-def run(quick: bool = False, num_seqs: int | None = None) -> str:
+def summarise(runs: list[dict]) -> dict:
+    """Repeated measurements of one row → the (lower) median of each rate, the share of the
+    ceiling as their ratio, and the range of both rates across the repeats (min, max)."""
+    assert runs
+    ordered = sorted(runs, key=lambda r: r["fps"])
+    mid = dict(ordered[(len(ordered) - 1) // 2])  # the lower median: a run that happened
+    mid["fps_range"] = (ordered[0]["fps"], ordered[-1]["fps"])
+    ceilings = sorted(r["ceiling"] for r in runs)
+    mid["ceiling"] = ceilings[(len(ceilings) - 1) // 2]  # each rate's own median
+    mid["share"] = mid["fps"] / mid["ceiling"]
+    mid["ceiling_range"] = (ceilings[0], ceilings[-1])
+    mid["repeats"] = len(runs)
+    return mid
+
+
+def run(quick: bool = False, num_seqs: int | None = None, repeat: int = 1,
+        budgets: list[int] | None = None) -> str:
     """num_seqs: sequences of synthetic data (default 6000, 1500 quick); more gives
-    longer, less noisy epochs."""
+    longer, less noisy epochs. repeat: measurements per row (the table gives the median
+    run and the range); budgets: batch_frames to try (default 8000, 24000, 64000)."""
     if not torch.cuda.is_available():
         return not_run()
-    budgets = [16000] if quick else [8000, 24000, 64000]
+    default = [16000] if quick else [8000, 24000, 64000]
+    budgets = budgets or default
     num_seqs = num_seqs or (1500 if quick else 6000)
     name = torch.cuda.get_device_name()
     rows = []
@@ -147,23 +165,32 @@ def run(quick: bool = False, num_seqs: int | None = None) -> str:
         path = write_data(str(Path(d) / "train.nc"), num_seqs, REF["input_size"], REF["labels"])
         for precision in ("fp32", "bf16"):
             for budget in budgets:
-                r = measure(path, "cuda", precision, budget, REF["layers"], REF["hidden"],
-                            str(Path(d) / f"run-{precision}-{budget}"))
-                rows.append((precision, budget, r))
-                print(f"{precision} {budget}: {r}", file=sys.stderr, flush=True)
+                runs = []
+                for k in range(repeat):
+                    r = measure(path, "cuda", precision, budget, REF["layers"], REF["hidden"],
+                                str(Path(d) / f"run-{precision}-{budget}-{k}"))
+                    runs.append(r)
+                    print(f"{precision} {budget} #{k + 1}: {r}", file=sys.stderr, flush=True)
+                rows.append((precision, budget, summarise(runs)))
     lines = ["## GPU: LSTM-CTC on CUDA", "",
              f"{time.strftime('%Y-%m-%d')}, {name}, torch {torch.__version__}. Reference "
              f"model 3 x BLSTM-256, 40 inputs, 30 labels + blank, on {num_seqs} synthetic "
              "speech-like sequences (about 170 frames each, long tail). End to end = "
              "`rnntrain train` (epoch 2, frames/s of real frames); ceiling = the same "
-             "micro-batches already on the device in a bare forward/CTC/backward loop, one Adam update per step.",
+             "micro-batches already on the device in a bare forward/CTC/backward loop, one Adam update per step."
+             + (f" Each rate is the median of {repeat} runs, the share their ratio, with the "
+                "range of both rates over the runs." if repeat > 1 else ""),
              "", "| precision | batch_frames | end to end (frames/s) | ceiling (frames/s) | "
-             "share of ceiling | padding | GPU memory peak |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "share of ceiling | padding | GPU memory peak |"
+             + (" end to end, range | ceiling, range |" if repeat > 1 else ""),
+             "|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if repeat > 1 else "")]
     for precision, budget, r in rows:
+        spread = (f" {r['fps_range'][0]:,.0f}–{r['fps_range'][1]:,.0f} | "
+                  f"{r['ceiling_range'][0]:,.0f}–{r['ceiling_range'][1]:,.0f} |"
+                  if repeat > 1 else "")
         lines.append(f"| {precision} | {budget} | {r['fps']:,.0f} | {r['ceiling']:,.0f} | "
                      f"{100 * r['share']:.1f}% | {r['padding']:.2f} | "
-                     f"{r['peak'] / 2**30:.2f} GiB |")
+                     f"{r['peak'] / 2**30:.2f} GiB |" + spread)
     fp32 = {b: r for p, b, r in rows if p == "fp32"}
     for p, b, r in rows:
         if p == "bf16" and b in fp32:
@@ -172,7 +199,10 @@ def run(quick: bool = False, num_seqs: int | None = None) -> str:
     worst = min(r["share"] for _, _, r in rows)
     lines += ["", f"Lowest share of the ceiling: {100 * worst:.1f}% (goal >= 95%).",
               "", f"Reproduce: `{COMMAND}{' --quick' if quick else ''}"
-              f"{f' --seqs {num_seqs}' if num_seqs != (1500 if quick else 6000) else ''}`", ""]
+              f"{f' --seqs {num_seqs}' if num_seqs != (1500 if quick else 6000) else ''}"
+              f"{f' --repeat {repeat}' if repeat > 1 else ''}"
+              f"{' --budgets ' + ','.join(map(str, budgets)) if budgets != default else ''}`",
+              ""]
     return "\n".join(lines)
 
 
@@ -182,5 +212,11 @@ if __name__ == "__main__":
     ap.add_argument("--quick", action="store_true", help="one budget, 1500 sequences")
     ap.add_argument("--seqs", type=int, default=None,
                     help="sequences of synthetic data (default 6000): longer, steadier epochs")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="measurements per row: the table gives the median and the range")
+    ap.add_argument("--budgets", type=lambda v: [int(b) for b in v.split(",")], default=None,
+                    help="comma-separated batch_frames (default 8000,24000,64000)")
     a = ap.parse_args()
-    print(run(quick=a.quick, num_seqs=a.seqs))
+    if a.repeat < 1:
+        ap.error("--repeat must be at least 1")
+    print(run(quick=a.quick, num_seqs=a.seqs, repeat=a.repeat, budgets=a.budgets))

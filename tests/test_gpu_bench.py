@@ -23,3 +23,15 @@ def test_section_without_cuda_says_not_measured_and_points_at_the_recorded_figur
     assert "Not measured in this run" in text and "python -m bench.gpu" in text
     recorded = Path(__file__).resolve().parents[1] / "docs" / "benchmarks-gpu.md"
     assert "docs/benchmarks-gpu.md" in text and "| fp32 |" in recorded.read_text()
+
+
+def test_repeated_rows_give_each_rates_median_and_range():
+    runs = [{"fps": f, "ceiling": c, "peak": 1, "padding": 1.0, "share": f / c}
+            for f, c in [(300.0, 10.0), (100.0, 40.0), (200.0, 20.0), (400.0, 30.0)]]
+    r = gpu.summarise(runs)
+    fps, ceil = sorted(x["fps"] for x in runs), sorted(x["ceiling"] for x in runs)
+    assert r["fps"] == fps[1] and r["ceiling"] == ceil[1]  # lower medians of 4
+    assert r["share"] == fps[1] / ceil[1] and r["repeats"] == 4
+    assert r["fps_range"] == (100.0, 400.0) and r["ceiling_range"] == (10.0, 40.0)
+    one = gpu.summarise(runs[:1])
+    assert (one["fps"], one["ceiling"], one["fps_range"]) == (300.0, 10.0, (300.0, 300.0))
