@@ -127,7 +127,7 @@ def not_run() -> str:
             "Not measured in this run: no CUDA device was available where this section was "
             "generated. The figures recorded on a GPU (an NVIDIA H200, 2026-11-26) and what "
             "they do and do not show are in docs/benchmarks-gpu.md. On a machine with one GPU "
-            f"run `{COMMAND}` (about 3 minutes on an H200; `--quick` for a short check): it "
+            f"run `{COMMAND} --repeat 2` (about 5 minutes on an H200; `--quick` for a short check): it "
             "reports frames/s of the reference model (3 x BLSTM-256, 40 inputs, 30 labels + "
             "blank) end to end and on tensors already on the device (the bare loop), the share "
             "of the bare loop reached (goal >= 95%) and the GPU memory peak, for fp32 and bf16 "
