@@ -68,10 +68,11 @@ PEAK_RSS_CODE = ("def _peak_rss_kb():\n"
                  "    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n")
 
 _RUNNER = (PEAK_RSS_CODE +
-           "import sys\n"
+           "import resource, sys\n"
            "from rnntrain.cli import main\n"
            "rc = main(sys.argv[1:])\n"
-           "print('BENCH_MAXRSS_KB', _peak_rss_kb(), file=sys.stderr)\n"
+           "ru = resource.getrusage(resource.RUSAGE_SELF)\n"
+           "print('BENCH_MAXRSS_KB', _peak_rss_kb(), ru.ru_utime + ru.ru_stime, file=sys.stderr)\n"
            "sys.exit(rc)\n")
 
 
@@ -80,7 +81,8 @@ def run_rnntrain(config: Path, overrides: list[str], run_dir: Path,
     """``rnntrain train CONFIG overrides`` in a fresh process, one metrics line per epoch.
 
     Returns frames_per_s (real frames over the epoch's loop time, as rnntrain reports it,
-    of the last epoch), maxrss_mb (peak resident memory of the process) and the command.
+    of the last epoch), maxrss_mb (peak resident memory of the process), cpu_s (its user +
+    system CPU seconds: what the run cost, whatever else the machine ran) and the command.
     """
     args = ["train", str(config), *overrides, f"run.dir={run_dir}", "log.every_steps=1000000"]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -90,9 +92,11 @@ def run_rnntrain(config: Path, overrides: list[str], run_dir: Path,
         raise RuntimeError(f"rnntrain train failed ({r.returncode}): {r.stderr[-1500:]}")
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [x for x in recs if x["split"] == "train"]
-    rss = [int(ln.split()[1]) for ln in r.stderr.splitlines() if ln.startswith("BENCH_MAXRSS_KB")]
-    return {"frames_per_s": train[-1]["frames_per_s"], "maxrss_mb": rss[0] / 1024 if rss else
-            float("nan"), "records": train, "command": "rnntrain " + " ".join(args[:-2] + args[-1:])}
+    peak = [ln.split() for ln in r.stderr.splitlines() if ln.startswith("BENCH_MAXRSS_KB")]
+    return {"frames_per_s": train[-1]["frames_per_s"],
+            "maxrss_mb": int(peak[0][1]) / 1024 if peak else float("nan"),
+            "cpu_s": float(peak[0][2]) if peak else float("nan"), "records": train,
+            "command": "rnntrain " + " ".join(args[:-2] + args[-1:])}
 
 
 def write_toml(path: Path, table: dict) -> Path:

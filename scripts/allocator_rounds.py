@@ -1,6 +1,6 @@
 """Peak RSS and cost of glibc malloc settings on the reference model, in interleaved rounds.
 
-    python scripts/allocator_rounds.py OUT.jsonl THREADS ROUNDS VARIANT...
+    python scripts/allocator_rounds.py [--seqs N] [--epochs E] OUT.jsonl THREADS ROUNDS VARIANT...
 
 VARIANT is ``system``, ``cache`` or ``capped`` (``compute.allocator`` as rnntrain applies
 it) or a raw setting tried beside them: comma-separated ``thr=MiB`` (``M_MMAP_THRESHOLD``;
@@ -9,8 +9,11 @@ default: never), ``arena=N`` (``M_ARENA_MAX``, ``d`` = glibc's default; default 
 ``+huge`` suffix for ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``. ``thr=32`` is ``capped``
 before the heap's top was trimmed. Each run is ``rnntrain train`` of the reference model
 (bench.workloads: 3 x BLSTM-256, 120 sequences of ``reference_data``, batch_frames 12000)
-for 2 epochs, ``compute.threads=THREADS``, one intra-op thread, under ``nice -n 5``; the
-variants run one after the other in each round. Each JSON line: epoch-2 frames/s, peak RSS
+for 2 epochs (``--seqs 240 --epochs 3``: ``bench flops``'s own workload),
+``compute.threads=THREADS``, one intra-op thread, under ``nice -n 5``; the variants run one
+after the other in each round (A B C A B C ...). Each JSON line: the last epoch's frames/s
+(``fps``) and the mean over all epochs but the first (``timed_fps``, as ``bench flops``
+reports it), peak RSS
 (``VmHWM``, bench.workloads.PEAK_RSS_CODE), minor faults, user and system CPU seconds of
 the training process. On a shared machine compare within a round only; the CPU seconds
 (user + system) are the load-robust cost: user time hardly changes with the policy, the
@@ -58,13 +61,13 @@ sys.exit(rc)
 '''
 
 
-def run(cfg: Path, variant: str, threads: int, run_dir: Path) -> dict:
+def run(cfg: Path, variant: str, threads: int, run_dir: Path, epochs: int = 2) -> dict:
     name = variant.removesuffix("+huge")
     spec = {"system": "", "cache": "base=cache", "capped": "base=capped"}.get(name, name)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     if variant.endswith("+huge"):
         env["GLIBC_TUNABLES"] = "glibc.malloc.hugetlb=1"
-    args = ["train", str(cfg), "train.epochs=2", f"compute.threads={threads}",
+    args = ["train", str(cfg), f"train.epochs={epochs}", f"compute.threads={threads}",
             "compute.intra_threads=1", "compute.allocator=system", f"run.dir={run_dir}",
             "log.every_steps=1000000"]
     r = subprocess.run(["nice", "-n", "5", sys.executable, "-c", RUNNER, spec, *args],
@@ -74,19 +77,22 @@ def run(cfg: Path, variant: str, threads: int, run_dir: Path) -> dict:
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [x for x in recs if x["split"] == "train"]
     ln = [x for x in r.stderr.splitlines() if x.startswith("BENCH_MAXRSS_KB")][0].split()
-    return {"fps": train[-1]["frames_per_s"], "rss_mb": int(ln[1]) / 1024,
-            "minflt": int(ln[2]), "stime": float(ln[3]), "utime": float(ln[4])}
+    timed = [x["frames_per_s"] for x in train[1:]] or [train[-1]["frames_per_s"]]
+    return {"fps": train[-1]["frames_per_s"], "timed_fps": sum(timed) / len(timed),
+            "rss_mb": int(ln[1]) / 1024, "minflt": int(ln[2]), "stime": float(ln[3]), "utime": float(ln[4])}
 
 
 def main() -> None:
-    out, threads, rounds, variants = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), \
-        sys.argv[4:]
+    argv, opts = sys.argv[1:], {"--seqs": 120, "--epochs": 2}
+    while argv and argv[0] in opts:
+        opts[argv[0]], argv = int(argv[1]), argv[2:]
+    out, threads, rounds, variants = Path(argv[0]), int(argv[1]), int(argv[2]), argv[3:]
     folder = Path(tempfile.mkdtemp(prefix="rnntrain-alloc-"))
-    cfg = wl.reference_config(folder, wl.reference_data(folder, 120))
+    cfg = wl.reference_config(folder, wl.reference_data(folder, opts["--seqs"]))
     for rnd in range(rounds):
         for v in variants:
             run_dir = folder / f"run_{rnd}_{len(os.listdir(folder))}"
-            res = run(cfg, v, threads, run_dir)
+            res = run(cfg, v, threads, run_dir, opts["--epochs"])
             shutil.rmtree(run_dir, ignore_errors=True)
             res.update(variant=v, threads=threads, round=rnd,
                        utc=time.strftime("%H:%M:%S", time.gmtime()),

@@ -203,6 +203,29 @@ def test_ceiling_times_every_task_once_and_deals_them_as_the_pool_does(synth_pai
     assert len(seen) == 1 + 2 * n_tasks  # a warm-up, then every task once per round
 
 
+def test_flops_allocator_policies_pair_runs_of_the_same_round():
+    """bench flops' allocator comparison: each policy's speed is the median of its
+    frames/s over `cache`'s run of the same round, so a machine that slows down between
+    rounds (here 2x, then 3x) moves no ratio; RSS and frames/s are plain medians."""
+    from bench.flops import policy_rows, policy_summary
+    slow = [1.0, 2.0, 3.0]                     # the machine's drift, round by round
+    share = {"cache": [1.0] * 3, "capped": [0.90, 0.96, 0.93], "system": [0.85, 0.87, 0.86]}
+    rss = {"cache": [2200, 2100, 2300], "capped": [1300, 1250, 1400], "system": [1350, 1330, 1320]}
+    runs = {pol: [{"frames_per_s": 7000 * f / d, "maxrss_mb": m, "cpu_s": 60 / f,
+                   "load": d} for f, d, m in zip(share[pol], slow, rss[pol])]
+            for pol in share}
+    s = policy_summary(runs)
+    assert s["capped"]["speed"] == pytest.approx((0.93, 0.90, 0.96))
+    assert s["system"]["speed"] == pytest.approx((0.86, 0.85, 0.87))
+    assert s["capped"]["cpu"] == pytest.approx((0.93, 0.90, 0.96))
+    assert s["cache"]["speed"] == pytest.approx((1.0, 1.0, 1.0))
+    assert s["capped"]["rss"] == (1300, 1250, 1400) and s["system"]["load"] == (1.0, 3.0)
+    # the ratio of the medians would have been 0.96 * 7000/2 / (7000/2): a drift, not a policy
+    assert s["capped"]["fps"][0] == pytest.approx(7000 * 0.96 / 2)
+    rows = policy_rows(s)
+    assert len(rows) == 3 and "-2% vs `system`'s" in rows[1] and "93% of `cache`'s" in rows[1]
+
+
 def test_every_section_names_the_cpu_it_ran_on():
     """bench's document: a section that does not name the CPU gets a line under its
     heading that does; one that already names it, or a failure's text, is left alone."""
