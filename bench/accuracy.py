@@ -21,7 +21,8 @@ synth`` data) and, when the recordings are present (``$RNNTRAIN_DATA`` or
 ../shared/data), the FSDD connected-digits recipe (``configs/fsdd_digits.toml`` on the
 data ``recipes/fsdd_digits.sh`` makes).
 
-Run alone: ``python -m bench.accuracy [--quick]``.
+Run alone: ``python -m bench.accuracy [--quick] [--only default|fsdd]`` (``--only fsdd``: the
+FSDD row alone, e.g. to time a start-up change before and after).
 """
 from __future__ import annotations
 
@@ -175,10 +176,11 @@ def workload_fsdd(folder: Path):
             out / "val.nc", 0.05, (0.0015, 0.003, 0.006))
 
 
-def run(quick: bool = False) -> str:
+def run(quick: bool = False, only: str | None = None) -> str:
+    """The section's markdown; ``only``: "default" or "fsdd" runs that workload alone."""
     folder = wl.workdir()
-    loads = [workload_default(folder, quick)]
-    if not quick and (f := workload_fsdd(folder)) is not None:
+    loads = [workload_default(folder, quick)] if only in (None, "default") else []
+    if not quick and only in (None, "fsdd") and (f := workload_fsdd(folder)) is not None:
         loads.append(f)
     m = wl.machine()
     rows, notes = [], []
@@ -199,7 +201,8 @@ def run(quick: bool = False) -> str:
             min(tries, key=lambda t: t["curve"][-1][1] if t["curve"] else 1.0)
         rows.append((name, target, ours, best, tries, cap))
     out = ["## Time to accuracy", "",
-           f"`python -m bench.accuracy{' --quick' if quick else ''}` on {m['cpu']}, "
+           f"`python -m bench.accuracy{' --quick' if quick else ''}"
+           f"{f' --only {only}' if only else ''}` on {m['cpu']}, "
            f"{m['cores']} cores, torch {m['torch']}. Wall time from the "
            "process start until the validation label error rate first reaches the target "
            "(validation after every epoch, greedy decoding); each side in its own process, "
@@ -226,10 +229,15 @@ def run(quick: bool = False) -> str:
         c = lambda cv: ", ".join(f"{s:.0f}: {ler:.3f}" for s, ler in cv)  # noqa: E731
         out += [f"- {name}, rnntrain: {c(ours['curve'])}",
                 f"- {name}, plain loop (lr {best['lr']:g}): {c(best['curve'])}"]
-    if len(loads) == 1 and not quick:
+    if not any(n.startswith("FSDD") for n, *_ in rows) and not quick and only != "default":
         out.append("- FSDD: recordings not found (set RNNTRAIN_DATA), row skipped.")
     return "\n".join(out + [""])
 
 
 if __name__ == "__main__":
-    print(run(quick="--quick" in sys.argv[1:]))
+    import argparse
+    ap = argparse.ArgumentParser(description="time to accuracy: rnntrain against a plain loop")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", choices=("default", "fsdd"), help="run one workload alone")
+    a = ap.parse_args()
+    print(run(quick=a.quick, only=a.only))
