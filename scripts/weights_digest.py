@@ -4,8 +4,10 @@
 
 Hashes every entry of the checkpoint's ``model`` state dict in its stored order (the key,
 then the raw bytes of the tensor), so two digests are equal exactly when the weights are
-bit for bit equal. docs/step.md lists the training commands, the digests before and after
-the StepRunner refactor and the machine they were taken on.
+bit for bit equal. A checkpoint of a run that keeps a weight average (``train.average``,
+the default config's EMA) also gets the digest of the averaged weights, on a second line.
+docs/step.md lists the training commands, the digests before and after the StepRunner
+refactor and the machine they were taken on.
 """
 from __future__ import annotations
 
@@ -15,13 +17,23 @@ import sys
 import torch
 
 
-def weights_digest(path: str) -> str:
-    ck = torch.load(path, map_location="cpu", weights_only=True)
+def _digest(sd: dict) -> str:
     h = hashlib.sha256()
-    for k, v in ck["model"].items():
+    for k, v in sd.items():
         h.update(k.encode())
         h.update(v.contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+def weights_digest(path: str) -> str:
+    """sha256 of the checkpoint's trained weights (its ``model`` part)."""
+    return _digest(torch.load(path, map_location="cpu", weights_only=True)["model"])
+
+
+def average_digest(path: str) -> str | None:
+    """sha256 of the weight average's tensors (its ``average`` part); None without one."""
+    avg = torch.load(path, map_location="cpu", weights_only=True).get("average")
+    return _digest(avg["avg"]) if avg else None
 
 
 if __name__ == "__main__":
@@ -29,3 +41,5 @@ if __name__ == "__main__":
         sys.exit("usage: python scripts/weights_digest.py CHECKPOINT.pt [...]")
     for p in sys.argv[1:]:
         print(weights_digest(p), p)
+        if (a := average_digest(p)) is not None:
+            print(a, p, "(average)")
