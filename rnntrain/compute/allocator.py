@@ -28,7 +28,9 @@ heap's live blocks is returned once it exceeds ``TOP_KEEP``. On the reference mo
 peaked at ``system``'s resident size (-4 to +10 %, one and two workers; ``cache``: +34-61 %;
 without the top trim 0 to +20 %) for 1-3 % more CPU time than without it, and 9-15 % more
 than ``cache``, as ``system``: the pages given back are zeroed again when faulted in
-(docs/benchmarks.md, "Peak RSS by allocator policy"). ``system`` leaves glibc's defaults.
+(docs/benchmarks.md, "Peak RSS by allocator policy"; interleaved on ``bench flops``' workload,
+2 workers, 6 rounds: 5-8x ``cache``'s kernel time, 86 % of its CPU efficiency in the
+median). ``system`` leaves glibc's defaults.
 Elsewhere than glibc (musl, macOS) all three are the same. ``rnntrain eval`` and
 ``decode`` apply the checkpoint's policy as well.
 
