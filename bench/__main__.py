@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 SECTIONS = [
     ("accuracy", "Time to accuracy", 1800),
     ("plain_loop", "rnntrain vs a plain PyTorch loop", 420),
-    ("flops", "Useful-FLOP rate and memory", 540),
+    ("flops", "Useful-FLOP rate and memory", 600),
     ("kernels", "LSTM kernel experiments", 300),
     ("threads", "Thread scaling", 360),
     ("validation", "Validation and eval throughput", 150),
