@@ -193,3 +193,23 @@ def test_training_average_resumes_exactly(tmp_path, data, kind):
     net = ckpt.load_model(straight.last)[0]
     for k, v in a.parts["average"]["avg"].items():
         assert torch.equal(net.state_dict()[k], v), k
+
+
+def test_fine_tuning_starts_from_the_weights_validation_scored(tmp_path, data):
+    """A run that kept a weight average (validation scored the average): fine-tuning from
+    it starts from the average, as transcribe would use it, not the raw trained weights."""
+    from rnntrain.compute.model import build_model
+    src = RunFolder(train_here(None, *overrides(data[0], tmp_path / "s", "train.average=ema",
+                                                "train.ema_decay=0.5",
+                                                f"data.val={data[0]}")))
+    ck = ckpt.read(src.best)
+    assert ck.card.weights == "average"
+    avg, raw = ck.parts["average"]["avg"], ck.parts["model"]
+    assert any(not torch.equal(avg[k], raw[k]) for k in avg)  # the two differ
+    cfg = load_config(None, overrides(data[0], "x", f"train.init_from={src.best}"))
+    ds = Dataset.open(str(data[0]))
+    net = build_model(cfg.model, ds.frame_size, len(ck.card.labels))
+    finetune.start_from(cfg, net, list(ck.card.labels), ds)
+    got = net.state_dict()
+    for k, v in ck.inference_weights().items():
+        assert torch.equal(got[k], v), k

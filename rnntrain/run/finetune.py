@@ -64,14 +64,15 @@ def alphabet(mode: str, model_labels: list[str], data_labels: list[str], where) 
 
 
 def start_from(cfg, model, labels: list[str], ds) -> tuple[ckpt.Checkpoint, str]:
-    """Load ``cfg.train.init_from``'s weights into ``model`` (built for ``labels``, the
+    """Load ``cfg.train.init_from``'s weights (those its card names, as inference uses
+    them: the weight average where the run kept one) into ``model`` (built for ``labels``, the
     output of ``alphabet``) → (the source checkpoint, the line to log). The output
     layer's rows are carried over by label name; every other tensor must have the same
     shape (else one line naming the first that differs)."""
     path = source(cfg.train.init_from)
     ck = ckpt.read(path)
     check_input(ck.card, path, ds, cfg)
-    src = ck.parts["model"]
+    src = ck.inference_weights()  # what validation scored: the average where one was kept
     own = model.state_dict()
     rows = [(i, ck.card.labels.index(lb)) for i, lb in enumerate(labels)
             if lb in ck.card.labels]
