@@ -20,6 +20,7 @@ Run alone: ``python -m bench.flops [--quick]``.
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 
@@ -64,11 +65,6 @@ def policy_rounds(cfg, folder, rounds: int, epochs: int = 2) -> dict[str, list[d
     return runs
 
 
-def _median(xs: list[float]) -> float:
-    s = sorted(xs)
-    return (s[(len(s) - 1) // 2] + s[len(s) // 2]) / 2
-
-
 def policy_summary(runs: dict[str, list[dict]], base: str = "cache") -> dict[str, dict]:
     """Per policy, over its rounds: ``rss`` and ``fps`` (median, min, max) of peak RSS (MB)
     and frames/s; ``speed`` (median, min, max) of its frames/s over ``base``'s in the same
@@ -77,7 +73,7 @@ def policy_summary(runs: dict[str, list[dict]], base: str = "cache") -> dict[str
     (min, max) of the load averages after its runs. Ratios pair runs of the same round:
     not the ratio of two medians, which a drift between rounds would move."""
     def stats(xs):
-        return _median(xs), min(xs), max(xs)
+        return statistics.median(xs), min(xs), max(xs)
     out = {}
     for pol, rs in runs.items():
         pairs = list(zip(rs, runs[base]))

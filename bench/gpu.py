@@ -16,6 +16,7 @@ Without CUDA it returns a section saying it was not run and how to run it. Withi
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -141,10 +142,10 @@ def summarise(runs: list[dict]) -> dict:
     ordered = sorted(runs, key=lambda r: r["fps"])
     mid = dict(ordered[(len(ordered) - 1) // 2])  # the lower median: a run that happened
     mid["fps_range"] = (ordered[0]["fps"], ordered[-1]["fps"])
-    ceilings = sorted(r["ceiling"] for r in runs)
-    mid["ceiling"] = ceilings[(len(ceilings) - 1) // 2]  # each rate's own median
+    ceilings = [r["ceiling"] for r in runs]
+    mid["ceiling"] = statistics.median_low(ceilings)  # each rate's own median
     mid["share"] = mid["fps"] / mid["ceiling"]
-    mid["ceiling_range"] = (ceilings[0], ceilings[-1])
+    mid["ceiling_range"] = (min(ceilings), max(ceilings))
     mid["repeats"] = len(runs)
     return mid
 

@@ -25,21 +25,19 @@ def _digest(sd: dict) -> str:
     return h.hexdigest()
 
 
-def weights_digest(path: str) -> str:
-    """sha256 of the checkpoint's trained weights (its ``model`` part)."""
-    return _digest(torch.load(path, map_location="cpu", weights_only=True)["model"])
-
-
-def average_digest(path: str) -> str | None:
-    """sha256 of the weight average's tensors (its ``average`` part); None without one."""
-    avg = torch.load(path, map_location="cpu", weights_only=True).get("average")
-    return _digest(avg["avg"]) if avg else None
+def digests(path: str) -> tuple[str, str | None]:
+    """sha256 of the checkpoint's trained weights (its ``model`` part), and of its weight
+    average's tensors (its ``average`` part; None without one)."""
+    ck = torch.load(path, map_location="cpu", weights_only=True)
+    avg = ck.get("average")
+    return _digest(ck["model"]), _digest(avg["avg"]) if avg else None
 
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit("usage: python scripts/weights_digest.py CHECKPOINT.pt [...]")
     for p in sys.argv[1:]:
-        print(weights_digest(p), p)
-        if (a := average_digest(p)) is not None:
-            print(a, p, "(average)")
+        model, average = digests(p)
+        print(model, p)
+        if average is not None:
+            print(average, p, "(average)")

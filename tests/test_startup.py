@@ -42,8 +42,8 @@ def test_reading_an_audio_front_end_does_not_import_scipy():
     assert "scipy" not in mods and not any(m.startswith("scipy.") for m in mods)
 
 
-def _pair(cls, fused, seed=0):
-    """Two parameter sets with the same values, for ``cls`` and torch's own class."""
+def _pair(seed=0):
+    """Two parameter sets with the same values, for our class and torch's own."""
     g = torch.Generator().manual_seed(seed)
     shapes = [(7, 5), (5,), (3, 4, 2)]
     vals = [torch.randn(s, generator=g) for s in shapes]
@@ -64,7 +64,7 @@ def test_eager_optimizer_is_torchs_bit_for_bit(name, fused):
     assert issubclass(ours_cls, torch_cls) and ours_cls is not torch_cls
     kw = dict(lr=0.01, betas=(0.8, 0.99), weight_decay=0.01) if name == "adam" else \
         dict(lr=0.05, momentum=0.9, weight_decay=0.01)
-    a, b = _pair(ours_cls, fused)
+    a, b = _pair()
     oa, ob = ours_cls(a, fused=fused, **kw), torch_cls(b, fused=fused, **kw)
     g = torch.Generator().manual_seed(1)
     for i in range(6):
@@ -88,7 +88,7 @@ def test_eager_optimizer_is_torchs_bit_for_bit(name, fused):
         for key, v in sb["state"][k].items():
             assert torch.equal(sa["state"][k][key], v), key
     # a checkpoint of one resumes in the other and the next step agrees
-    c, d = _pair(ours_cls, fused, seed=0)
+    c, d = _pair()
     for p, q, src in zip(c, d, a):
         p.data.copy_(src)
         q.data.copy_(src)
@@ -122,6 +122,5 @@ def test_training_start_up_does_not_import_dynamo(tmp_path):
     mods = _modules_after(code)
     assert "rnntrain.run.train" in mods and "rnntrain.compute.optim" in mods
     assert not any(m == "torch._dynamo" or m.startswith("torch._dynamo.") for m in mods)
-    import torch as t
-    ck = t.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    ck = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
     assert ck["state"]["epoch"] == 2 and all(g["fused"] for g in ck["optim"]["param_groups"])
