@@ -130,3 +130,83 @@ def test_single_file_virtual_chunks(synth_pair):
             seen.update(r.next()[1])
     assert sorted(seen) == list(range(h.num_seqs))
     assert all(np.array_equal(seen[i], seqs[i]) for i in range(h.num_seqs))
+
+
+def test_extend_serves_appended_chunks_after_an_idle_wait():
+    """An order that grows while the reader runs (a training run's one reader): chunks
+    appended after the thread has loaded everything queued are served in order, on the
+    same thread, at most two resident; a failing chunk appended later is raised only by
+    the next() that wants it."""
+    t = Tracker(fail_at=99)
+    with ChunkReader(t, [3]) as r:
+        assert r.next()[0] == 3
+        time.sleep(0.05)                 # the thread has nothing queued: it sleeps
+        r.extend([4, 5])
+        t.consumed()
+        assert r.next()[0] == 4
+        r.extend([6, 99])
+        for want in (5, 6):
+            t.consumed()
+            assert r.next()[0] == want
+        with pytest.raises(DataError, match=r"chunk-99\.nc"):
+            r.next()
+    assert r.max_resident_seen <= 2 and t.peak <= 2
+    assert t.threads == {"rnntrain-reader"}
+    r = ChunkReader(t, [])
+    with pytest.raises(StopIteration):   # nothing queued: the consumer is told, no hang
+        r.next()
+    r.extend([7])
+    assert r.next()[0] == 7
+    r.close()
+    assert not r._thread.is_alive()
+
+
+def test_run_reader_training_and_validation_on_one_thread(synth_pair):
+    """The training loop's reader (run.step.RunReader) over two real files: two epochs'
+    training chunks with the validation set between them, queued as the loop queues them
+    (the next epoch's and the validation chunks before the epoch runs), come back in that
+    order with the frames of a whole-file read, all on one thread, at most two chunks
+    resident with validation chunks counted; the feeds' waits add up."""
+    from rnntrain.data import ncdata
+    from rnntrain.run.evaluate import eval_batches
+    from rnntrain.run.step import EpochFeed, RunReader
+    train = Dataset.open(str(synth_pair[0]), chunk_frames=500)
+    val = Dataset.open(str(synth_pair[1]), chunk_frames=300)
+    keep, vkeep = np.ones(train.num_seqs, bool), np.ones(val.num_seqs, bool)
+    truth = {name: dict(enumerate(ncdata.read_file(p)[1]))
+             for name, p in zip(("train", "val"), synth_pair)}
+    val_chunks = list(eval_batches(val, vkeep, 300))
+    assert len(val_chunks) >= 2 and len(train.chunks) >= 3
+    plans = [make_plan(train, keep, 600, 1, e) for e in range(2)]
+    threads = []                            # (thread ident, source) of every read
+    for name, ds in (("train", train), ("val", val)):
+        def recorded(k, _load=ds.load_chunk, _name=name):
+            threads.append((threading.get_ident(), _name))
+            return _load(k)
+        ds.load_chunk = recorded
+    rr = RunReader(train, val)
+    try:
+        rr.queue("train", chunk_order(plans[0]))
+        for e, plan in enumerate(plans):
+            rr.queue("val", val_chunks)
+            if e + 1 < len(plans):
+                rr.queue("train", chunk_order(plans[e + 1]))
+            feed = EpochFeed(train, plan, e, 0, 0, rr.stream("train"))
+            for fed in feed:
+                assert all(np.array_equal(fed.payload[s], truth["train"][s])
+                           for s in fed.batch.seqs)
+            fed = None
+            assert feed.wait_s >= 0 and feed.load_s >= 0
+            stream = rr.stream("val")
+            for want in val_chunks:
+                k, payload = stream.next()
+                assert k == want
+                assert all(np.array_equal(a, truth["val"][s]) for s, a in payload.items())
+                payload = None
+        assert rr.reader.loaded == 2 * (len(chunk_order(plans[0])) + len(val_chunks))
+        assert rr.reader.max_resident_seen <= 2
+    finally:
+        rr.close()
+    assert len({ident for ident, _ in threads}) == 1        # one thread read both files
+    assert {src for _, src in threads} == {"train", "val"}
+    assert threads[0][0] == rr.reader._thread.ident and not rr.reader._thread.is_alive()

@@ -130,6 +130,42 @@ def test_train_trace_file(synth_pair, tmp_path):
     _check_train_trace(doc, 0, 0, 4, workers=2)
 
 
+def test_train_reads_ahead_on_one_thread(synth_pair, tmp_path):
+    """A real run with a validation set, 2 epochs of several chunks: every chunk of both
+    epochs and both validation passes is read by one thread, in the order the loop takes
+    them (epoch 1, the validation set, epoch 2, the validation set: the run's one
+    ``RunReader``); the end-of-run calibration reads with a reader of its own, only after
+    that thread is done."""
+    from rnntrain.compute.model import total_subsample
+    from rnntrain.config import load_config
+    from rnntrain.data.dataset import Dataset
+    from rnntrain.data.plan import BatchPlanner, PlanSettings, chunk_order
+    from rnntrain.run.evaluate import eval_batches
+    train, val = synth_pair
+    cfg_path, out = tiny_config(tmp_path, train, val), tmp_path / "trace.json"
+    over = [*TINY, "train.epochs=2", f"run.dir={tmp_path / 'run'}"]
+    r = run_cli("rnntrain", "train", cfg_path, *over, "--trace", out,
+                "--trace-steps", "0:100000")
+    assert r.returncode == 0, r.stderr[-2000:]
+    cfg = load_config(str(cfg_path), over)
+    sub = total_subsample(cfg.model)
+    tds = Dataset.open(str(train), cfg.data.chunk_frames)
+    vds = Dataset.open(str(val), cfg.data.chunk_frames)
+    planner = BatchPlanner(tds, tds.feasible(sub), PlanSettings.from_config(cfg))
+    vals = [["val", k] for k in eval_batches(vds, vds.feasible(sub), cfg.batch.batch_frames)]
+    want = []
+    for e in range(2):
+        want += [["train", k] for k in chunk_order(planner.epoch(e))] + vals
+    assert len(want) > 6
+    loads = sorted(_spans(json.loads(out.read_text()), "load chunk", 0), key=lambda e: e["ts"])
+    # the run's reader names each chunk (source, id); calibration's own reader by id
+    mine = [e for e in loads if isinstance(e["args"]["chunk"], list)]
+    assert [e["args"]["chunk"] for e in mine] == want
+    assert len({e["tid"] for e in mine}) == 1
+    end = mine[-1]["ts"] + mine[-1]["dur"]
+    assert all(e["ts"] >= end for e in loads if e not in mine)
+
+
 def test_bad_trace_steps_cli(synth_pair, tmp_path):
     train, _ = synth_pair
     r = run_cli("rnntrain", "train", tiny_config(tmp_path, train), "--trace",

@@ -5,23 +5,30 @@ chunk k+1. Chunk k-1 is released (``next()``) before k+1 may start loading, so a
 chunks are resident. The consumer waits on a condition variable only when the next chunk
 is not complete yet. Every NetCDF call of a training process happens on this thread
 (the NetCDF/HDF5 libraries are not thread-safe). A loader error is raised in the consumer
-by the ``next()`` that wanted that chunk; ``close()`` joins the thread, mid-epoch too.
+by the ``next()`` that wanted that chunk (the chunks before it are served as usual);
+``close()`` joins the thread, mid-epoch too.
 The bound holds in memory when the consumer drops its references to the old payload
 before calling ``next()`` (the loader may start on the chunk after next at once).
+
+The order can grow while the reader runs (``extend``): a training run keeps one reader
+for all its epochs and its validation passes (``run.step.RunReader``), so the thread
+reads the validation set during an epoch's last steps and the next epoch's first chunk
+during validation, under the same bound. With nothing queued the thread sleeps.
 """
 from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Callable, Hashable, Iterable
 
 from rnntrain import trace
 
 
 class ChunkReader:
-    def __init__(self, load: Callable[[int], dict], order: list[int],
+    def __init__(self, load: Callable[[Hashable], dict], order: Iterable[Hashable] = (),
                  name: str = "rnntrain-reader", max_resident: int = 2):
-        """load: chunk id → payload (runs on the loader thread); order: chunk ids to serve."""
+        """load: chunk id → payload (runs on the loader thread); order: chunk ids to serve
+        (more can be appended with ``extend``)."""
         assert max_resident >= 2
         self._load, self._order, self._limit = load, list(order), max_resident
         self._cond = threading.Condition()
@@ -39,15 +46,24 @@ class ChunkReader:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
+    def extend(self, order: Iterable[Hashable]):
+        """Append chunk ids to serve after those already queued."""
+        with self._cond:
+            self._order.extend(order)
+            self._cond.notify_all()
+
     def _run(self):
-        for pos, k in enumerate(self._order):
+        pos = 0
+        while True:
             with self._cond:
-                while self._resident >= self._limit and not self._closed:
+                while (pos >= len(self._order) or self._resident >= self._limit) \
+                        and not self._closed:
                     self._cond.wait()
                 if self._closed:
                     return
                 self._resident += 1
                 self.max_resident_seen = max(self.max_resident_seen, self._resident)
+                k = self._order[pos]
             t0 = time.perf_counter()
             try:
                 with trace.span("load chunk", chunk=k):
@@ -63,8 +79,9 @@ class ChunkReader:
                 self.loaded += 1
                 self._ready[pos] = payload
                 self._cond.notify_all()
+            pos += 1
 
-    def next(self) -> tuple[int, dict]:
+    def next(self) -> tuple[Hashable, dict]:
         """Release the chunk held so far and return (chunk id, payload) of the next one."""
         t0 = time.perf_counter()
         with self._cond:
@@ -72,9 +89,9 @@ class ChunkReader:
                 self._resident -= 1
                 self._held = None
                 self._cond.notify_all()
-            self._pos += 1
-            if self._pos >= len(self._order):
+            if self._pos + 1 >= len(self._order):
                 raise StopIteration
+            self._pos += 1
             while self._pos not in self._ready and self._error is None:
                 self._cond.wait()
             if self._pos not in self._ready:

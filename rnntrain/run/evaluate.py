@@ -126,6 +126,21 @@ def _padded(hyps: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return out, n
 
 
+def eval_batches(ds, keep: np.ndarray, batch_frames: int, rank: int = 0, world: int = 1,
+                 batch_scale: int = EVAL_BATCH_SCALE) -> dict[int, list[tuple]]:
+    """The evaluation plan of ``rank``: {chunk id: its batches (sequence-id tuples)}, in
+    the order ``evaluate`` reads the chunks (a pure function of the lengths, like the
+    training plan: a training run queues these chunks on its reader ahead of time)."""
+    budget = eval_batch_frames(ds.lengths[keep], batch_frames * batch_scale)
+    steps = make_plan(ds, keep, budget, seed=0, epoch=0, rank=rank, world=world,
+                      shuffle=False)
+    by_chunk: dict[int, list] = {}
+    for s in steps:
+        if s.seqs:  # a rank's share of a small batch may be empty
+            by_chunk.setdefault(s.chunk, []).append(s.seqs)
+    return by_chunk
+
+
 def eval_workers(workers: int, device: torch.device, comm: Comm | None = None) -> int:
     """Worker threads for evaluation: ``workers``, else this rank's share of the usable
     cores (as training's default); one on a GPU (one stream)."""
@@ -143,7 +158,7 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
              batch_scale: int = EVAL_BATCH_SCALE, vote: Callable | None = None,
              per_seq: Callable | None = None,
              on_seq: Callable[[int, object], None] | None = None,
-             full_targets: dict[int, np.ndarray] | None = None
+             full_targets: dict[int, np.ndarray] | None = None, reader=None
              ) -> dict[str, ErrorCounts]:
     """Score ``ds`` (only sequences with keep[i]); returns {"best": counts[, "beam": counts]}.
 
@@ -162,6 +177,9 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
     batches of ``batch_scale`` x ``batch_frames`` padded frames (``eval_batch_frames``:
     less for a small set) with ``intra`` intra-op threads; ``threads``: the decoder's threads when one worker decodes alone.
     ``vote``: an ensemble's voting (see ``_BatchScorer.vote``; no decoder then).
+    ``reader``: serves the set's chunks in the order of ``eval_batches`` (a training run's
+    ``run.step.RunReader`` stream: validation on the run's one loader thread), not closed
+    here; None: a ``ChunkReader`` of its own.
     """
     assert vote is None or (decoder is None and not beam and on_log_probs is None
                             and per_seq is None)
@@ -176,25 +194,21 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
     if decoder is not None:
         counts["beam"] = ErrorCounts()
     counts["best"].skipped = int((~keep).sum()) if rank == 0 else 0
-    budget = eval_batch_frames(ds.lengths[keep], batch_frames * batch_scale)
-    steps = make_plan(ds, keep, budget, seed=0, epoch=0, rank=rank, world=world,
-                      shuffle=False)
-    by_chunk: dict[int, list] = {}
-    for s in steps:
-        if s.seqs:  # a rank's share of a small batch may be empty
-            by_chunk.setdefault(s.chunk, []).append(s.seqs)
+    by_chunk = eval_batches(ds, keep, batch_frames, rank, world, batch_scale)
     scorer = _BatchScorer(model, device, decoder, space, score, want_hyps=on_hyp is not None,
                           want_log_probs=on_log_probs is not None,
                           decode_threads=threads if workers == 1 else 1, vote=vote,
                           per_seq=per_seq)
-    reader = ChunkReader(ds.load_chunk, list(by_chunk))
+    own = reader is None
+    reader = ChunkReader(ds.load_chunk, list(by_chunk)) if own else reader
     try:
         # the pool sets the process-wide intra-op count: restored on the way out
         with intra_threads(torch.get_num_threads()), \
                 WorkerPool(scorer, workers, intra, name="rnntrain-eval",
                            inline=workers == 1) as pool:
-            for _ in range(len(by_chunk)):
+            for want in by_chunk:
                 k, payload = reader.next()
+                assert k == want, "reader out of plan order"
                 batches = by_chunk[k]
                 # costliest first in the queue (padded frames), merged back in plan order
                 order = sorted(range(len(batches)), key=lambda i: -len(batches[i]) * max(
@@ -221,7 +235,8 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
                         for sid, r in zip(seqs, res.per_seq):
                             on_seq(sid, r)
     finally:
-        reader.close()
+        if own:
+            reader.close()
         model.train(was_training)
     if comm is not None and comm.size > 1:
         for key, c in counts.items():

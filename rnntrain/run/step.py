@@ -54,12 +54,24 @@ class FedBatch:
 class EpochFeed:
     """The plan's batches from ``start`` on with their frames, read by one ``ChunkReader``
     (at most two chunks resident: the previous one is dropped before the next is taken).
-    ``first_step``: the step counter at ``start`` (for the trace window). ``reader``
-    keeps the epoch's data-wait and load totals; ``close`` stops it (idempotent)."""
+    ``first_step``: the step counter at ``start`` (for the trace window). ``reader``: the
+    run's ``RunReader.stream("train")``, which must have this plan's chunks from ``start``
+    on queued; None: a reader of its own, closed by ``close`` (idempotent). ``wait_s``:
+    the time this feed waited for chunks; ``load_s``: the loader thread's read time since
+    the feed began (with a shared reader: whatever it read meanwhile)."""
 
-    def __init__(self, ds, plan: list[Batch], epoch: int, start: int, first_step: int):
+    def __init__(self, ds, plan: list[Batch], epoch: int, start: int, first_step: int,
+                 reader: "_Stream | None" = None):
         self.plan, self.epoch, self.start, self.first_step = plan, epoch, start, first_step
-        self.reader = ChunkReader(ds.load_chunk, chunk_order(plan[start:]))
+        self._own = reader is None
+        self.reader = ChunkReader(ds.load_chunk, chunk_order(plan[start:])) if self._own \
+            else reader
+        self._loads0 = self.reader.load_s
+        self.wait_s = 0.0
+
+    @property
+    def load_s(self) -> float:
+        return self.reader.load_s - self._loads0
 
     def __iter__(self) -> Iterator[FedBatch]:
         chunk, payload = None, None
@@ -71,14 +83,80 @@ class EpochFeed:
                 payload = None  # drop the old chunk: at most two are resident
                 if chunk is not None:  # a switch inside the epoch (single-chunk data: never)
                     allocator.trim()  # what the steps on it left free (compute.allocator)
+                t = time.perf_counter()
                 chunk, payload = self.reader.next()
+                self.wait_s += time.perf_counter() - t
                 assert chunk == batch.chunk, "reader out of plan order"
             upcoming = self.plan[i + 1].seqs if i + 1 < len(self.plan) else None
             yield FedBatch(self.epoch, i, len(self.plan), batch, payload,
                            time.perf_counter() - t0, upcoming)
 
     def close(self):
+        if self._own:
+            self.reader.close()
+
+
+class RunReader:
+    """The chunk reader of a whole training run: one loader thread (every NetCDF call of
+    the run happens on it) serving each epoch's training chunks and the validation set's,
+    in the order the loop takes them, at most two chunks resident in all (training and
+    validation chunks counted together: the consumer releases one before it takes the
+    next, and the thread loads one ahead).
+
+    At the start of epoch e the loop queues the rest of epoch e (unless it is already
+    queued), the validation chunks that follow it (``queue("val", ...)``, in the order
+    ``evaluate`` takes them) and epoch e+1's chunks (its plan is a pure function of the
+    lengths, seed, epoch and rank). So the thread reads the validation set while epoch e's
+    last chunk trains and epoch e+1's first chunk while validation and the checkpoints run;
+    without a validation set it reads e+1's first chunk during e's last chunk. A failed
+    read is raised by the ``next()`` that wants that chunk (the chunks queued before it
+    are served), and ``close`` joins the thread.
+
+        reader = RunReader(train_ds, val_ds)
+        reader.queue("train", chunk_order(plan)); reader.queue("val", chunks)
+        feed = EpochFeed(train_ds, plan, epoch, 0, step, reader.stream("train"))
+        evaluate(..., reader=reader.stream("val"))
+    """
+
+    def __init__(self, train_ds, val_ds=None):
+        self._sources = {"train": train_ds, "val": val_ds}
+        self.reader = ChunkReader(self._load)
+
+    def _load(self, key: tuple[str, int]) -> dict:
+        source, k = key
+        return self._sources[source].load_chunk(k)
+
+    def queue(self, source: str, chunks):
+        """Append ``source``'s ("train" or "val") chunk ids to the order served."""
+        assert self._sources[source] is not None
+        self.reader.extend((source, int(k)) for k in chunks)
+
+    def stream(self, source: str) -> "_Stream":
+        """What a consumer of ``source``'s chunks (``EpochFeed``, ``evaluate``) reads from."""
+        return _Stream(self.reader, source)
+
+    def close(self):
         self.reader.close()
+
+
+class _Stream:
+    """One source's view of a ``RunReader``: ``next()`` → (chunk id, payload), in the
+    queued order; the reader is not closed by it."""
+
+    def __init__(self, reader: ChunkReader, source: str):
+        self._reader, self.source = reader, source
+
+    @property
+    def load_s(self) -> float:
+        return self._reader.load_s
+
+    def next(self) -> tuple[int, dict]:
+        (source, k), payload = self._reader.next()
+        assert source == self.source, f"reader out of order: {source} chunk for {self.source}"
+        return k, payload
+
+    def close(self):
+        pass
 
 
 @dataclass

@@ -30,7 +30,7 @@ from rnntrain.compute.pool import cap_threads, default_threads
 from rnntrain.config import Config, to_dict, to_toml
 from rnntrain.data.dataset import Dataset, check_compatible
 from rnntrain.data.folds import fold_masks
-from rnntrain.data.plan import BatchPlanner, PlanSettings, padding_ratio
+from rnntrain.data.plan import BatchPlanner, PlanSettings, chunk_order, padding_ratio
 from rnntrain.errors import SharedError, UserError
 from rnntrain.parallel import collectives
 from rnntrain.parallel import launch as dist
@@ -40,13 +40,13 @@ from rnntrain.run import checkpoint as ckpt
 from rnntrain import trace
 from rnntrain.run import finetune, precision
 from rnntrain.run.average import WeightAverage
-from rnntrain.run.evaluate import evaluate
+from rnntrain.run.evaluate import eval_batches, evaluate
 from rnntrain.run.faults import StopFlag, pause_point, resume_hint
 from rnntrain.run.metrics import MetricsWindow
 from rnntrain.run.runfolder import RunFolder
 from rnntrain.run.runlog import RunLog
 from rnntrain.run.state import TrainState
-from rnntrain.run.step import EpochFeed, StepRunner
+from rnntrain.run.step import EpochFeed, RunReader, StepRunner
 
 
 def finished_note(state: TrainState, tc, config_path, overrides, run_dir) -> str | None:
@@ -169,7 +169,7 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
     collectives.agree(comm, steps_per_epoch, "steps per epoch")
     if note := planner.remainder_note():
         log.info(note)
-    stop, bar, feed, runner = StopFlag(), None, None, None
+    stop, bar, feed, runner, reader = StopFlag(), None, None, None, None
     try:
         if resume:  # rank 0 reads it; the other ranks receive the state in runner.start
             ck = resume_checkpoint(comm, resume, run, train_ds,
@@ -212,11 +212,28 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
         save = partial(save_checkpoint, run if writer else None, card,
                        training_parts(model, opt, averager), cfg, runner)
         log.set_status("running", resumed=bool(resume))
+        # one loader thread for every epoch and validation pass: it reads ahead across
+        # the epoch boundary (the validation set, then the next epoch's first chunk)
+        reader = RunReader(train_ds, val_ds)
+        val_chunks = list(eval_batches(val_ds, val_keep, cfg.batch.batch_frames, comm.rank,
+                                       comm.size)) if val_ds is not None else []
+        ahead = None  # the chunk order of the epoch already queued, with its number
         for epoch in range(state.epoch, tc.epochs):
             # an epoch interrupted on another rank count goes on over the sequences left
             planner.set_epoch(epoch, state.parts)
             plan = list(planner)
-            feed = EpochFeed(train_ds, plan, epoch, state.pos, state.step)
+            if ahead is None:  # this process's first epoch (resumed: from state.pos on)
+                reader.queue("train", chunk_order(plan[state.pos:]))
+            else:
+                assert ahead == (epoch, chunk_order(plan)), "queued plan differs"
+            validating = val_ds is not None and (epoch + 1) % tc.val_every_epochs == 0
+            if validating:
+                reader.queue("val", val_chunks)
+            if epoch + 1 < tc.epochs:  # a plan is a function of (lengths, seed, epoch, rank)
+                ahead = (epoch + 1, chunk_order(planner.epoch(epoch + 1)))
+                reader.queue("train", ahead[1])
+            feed = EpochFeed(train_ds, plan, epoch, state.pos, state.step,
+                             reader.stream("train"))
             bar = tqdm(total=len(plan), initial=state.pos, desc=f"epoch {epoch + 1}/{tc.epochs}",
                        unit="step", disable=rank != 0 or not log.bar, dynamic_ncols=True,
                        mininterval=1.0)
@@ -250,19 +267,20 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
                     log.info(f"stopped by {stop.signal} after step {state.step}; checkpoint "
                              f"saved; resume with: {hint}")
                     return run_dir
+            fed = None  # the last chunk goes when validation takes its first
             bar.close()
             feed.close()
             state.end_epoch()
             if averager is not None:
                 averager.end_epoch()
             if writer:
-                log.info(f"epoch {epoch + 1}: data wait {feed.reader.wait_s:.2f} s, "
-                         f"loads {feed.reader.load_s:.2f} s")
+                log.info(f"epoch {epoch + 1}: data wait {feed.wait_s:.2f} s, "
+                         f"loads {feed.load_s:.2f} s")
             improved = True  # ---- validation, best and last checkpoints, early stopping
-            if val_ds is not None and (epoch + 1) % tc.val_every_epochs == 0:
+            if validating:
                 own = averager.swap_in() if averager is not None else None  # score the average
                 summ = validate(log, model, val_ds, val_keep, cfg, device, comm, workers, epoch,
-                                state.step)
+                                state.step, reader.stream("val"))
                 if own is not None:
                     averager.swap_out(own)
                 improved = state.record_validation(summ["ler"], summ["loss"])
@@ -276,6 +294,7 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
             if tc.patience and state.since_best >= tc.patience:
                 log.info(f"early stop: no improvement in {tc.patience} validations")
                 break
+        reader.close()  # (a read ahead for an epoch not trained ends here)
         test = None
         if cfg.data.test:  # the held-out score of the best checkpoint, once, at the end
             test = test_best(log, run if writer else None, model, train_ds, cfg, device,
@@ -287,7 +306,7 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
             log.info(final_summary(run, state, test, time.monotonic() - t_start))
         return run_dir
     finally:  # on an error too: the bar must not redraw after the error message
-        for obj in (bar, feed):
+        for obj in (bar, feed, reader):
             if obj is not None:
                 obj.close()
         stop.restore()
@@ -361,12 +380,13 @@ def checkpoint_due(cfg: Config, step: int, last_time: float) -> bool:
 
 
 def validate(log: RunLog, model, val_ds, val_keep, cfg: Config, device, comm: Comm, workers: int,
-             epoch: int, step: int) -> dict:
-    """Score the validation set (every rank; counts summed over ranks), log it, → summary."""
+             epoch: int, step: int, reader=None) -> dict:
+    """Score the validation set (every rank; counts summed over ranks), log it, → summary.
+    ``reader``: the run's reader stream with the set's chunks queued (``RunReader``)."""
     t0 = time.perf_counter()
     # the training workers sleep meanwhile: evaluation's own workers take the same cores
     c = evaluate(model, val_ds, val_keep, cfg.batch.batch_frames, device, comm, workers=workers,
-                 intra=cfg.compute.intra_threads)["best"]
+                 intra=cfg.compute.intra_threads, reader=reader)["best"]
     seconds = time.perf_counter() - t0
     summ = c.summary()
     log.metrics(split="val", epoch=epoch, step=step, **summ, seconds=round(seconds, 3),
