@@ -231,11 +231,13 @@ class ComputeConfig(Section):
     """micro-batches per worker per batch (load balance)"""
     allocator: Allocator = "cache"
     """"cache": freed memory stays in the process for the next step's tensors (no page
-    faults after the first steps; a higher resident peak); "capped": the same for blocks up
-    to 32 MiB, larger ones and a free heap top over 64 MiB go back to the kernel (the
-    peak of "system", some of the faults back); "system": glibc's
-    defaults, large blocks go back to the kernel at once (rnntrain.compute.allocator).
-    ``rnntrain eval`` and ``decode`` apply the checkpoint's policy too"""
+    faults after the first steps; a higher resident peak); "capped": blocks of 4 MiB and
+    more are kept by size in a cache in front of torch's allocator, bounded by the resident
+    peak the process has without it (+64 MiB), compiled on first use with the system's C++
+    compiler (without one: glibc's settings alone, "system"'s peak and speed; the run log
+    says which); "system": glibc's defaults, large blocks go back to the kernel at once
+    (rnntrain.compute.allocator). ``rnntrain eval`` and ``decode`` apply the checkpoint's
+    policy too"""
 
 
 @dataclass

@@ -36,12 +36,19 @@ sys.path.insert(0, str(ROOT))
 from bench import workloads as wl  # noqa: E402
 
 RUNNER = wl.PEAK_RSS_CODE + r'''
-import ctypes, sys, resource
+import ctypes, json, os, sys, resource
 spec = dict(kv.split("=") for kv in sys.argv[1].split(",") if kv)
 from rnntrain.compute import allocator
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -3, -4, -8
 if spec.get("base") in ("cache", "capped"):
+    from rnntrain.compute import cpucache
+    cpucache.THRESHOLD = int(float(spec.get("cthr", cpucache.THRESHOLD / 2**20)) * 2**20)
+    cpucache.SLACK = int(float(spec.get("slack", cpucache.SLACK / 2**20)) * 2**20)
+    cpucache.FIT_DIV = int(spec.get("fit", cpucache.FIT_DIV))
+    cpucache.AHEAD = int(spec.get("ahead", cpucache.AHEAD))
     assert allocator.configure(spec["base"])
+    import torch  # noqa: F401  (as `rnntrain train`: the policy, torch, then the cache)
+    assert allocator.configure(spec["base"]) and (allocator.note() or "").find("without") < 0
 elif spec:
     libc = ctypes.CDLL("libc.so.6")
     ps = ([(M_MMAP_MAX, 65536), (M_MMAP_THRESHOLD, int(float(spec["thr"]) * 2**20))]
@@ -57,6 +64,8 @@ from rnntrain.cli import main
 rc = main(sys.argv[2:])
 ru = resource.getrusage(resource.RUSAGE_SELF)
 print("BENCH_MAXRSS_KB", _peak_rss_kb(), ru.ru_minflt, ru.ru_stime, ru.ru_utime, file=sys.stderr)
+from rnntrain.compute import cpucache
+print("BENCH_CPUCACHE", json.dumps(cpucache.stats() if cpucache.active() else {}), file=sys.stderr)
 sys.exit(rc)
 '''
 
@@ -64,6 +73,8 @@ sys.exit(rc)
 def run(cfg: Path, variant: str, threads: int, run_dir: Path, epochs: int = 2) -> dict:
     name = variant.removesuffix("+huge")
     spec = {"system": "", "cache": "base=cache", "capped": "base=capped"}.get(name, name)
+    if name.startswith("capped:"):  # the cache's own settings: capped:cthr=MiB,slack=MiB,fit=N,ahead=%
+        spec = "base=capped," + name.split(":", 1)[1]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     if variant.endswith("+huge"):
         env["GLIBC_TUNABLES"] = "glibc.malloc.hugetlb=1"
@@ -77,9 +88,11 @@ def run(cfg: Path, variant: str, threads: int, run_dir: Path, epochs: int = 2) -
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [x for x in recs if x["split"] == "train"]
     ln = [x for x in r.stderr.splitlines() if x.startswith("BENCH_MAXRSS_KB")][0].split()
+    cache = [x for x in r.stderr.splitlines() if x.startswith("BENCH_CPUCACHE")][0]
     timed = [x["frames_per_s"] for x in train[1:]] or [train[-1]["frames_per_s"]]
     return {"fps": train[-1]["frames_per_s"], "timed_fps": sum(timed) / len(timed),
-            "rss_mb": int(ln[1]) / 1024, "minflt": int(ln[2]), "stime": float(ln[3]), "utime": float(ln[4])}
+            "rss_mb": int(ln[1]) / 1024, "minflt": int(ln[2]), "stime": float(ln[3]), "utime": float(ln[4]),
+            "cpucache": json.loads(cache.split(" ", 1)[1])}
 
 
 def main() -> None:

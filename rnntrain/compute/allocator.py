@@ -15,26 +15,26 @@ the process reuses its own pages. The price is a higher resident peak, since fre
 blocks of one shape cannot always serve the next shape: the reference model peaks 1.6x
 higher than under ``system``.
 
-``capped`` bounds that peak: the same single arena, but every block over ``CACHE_CAP``
-(32 MiB, the most glibc's mmap threshold can be: ``M_MMAP_THRESHOLD``) is mapped from the
-kernel and given back on ``free``, as under ``system``, and a free top of the heap over
-``TOP_KEEP`` (64 MiB, what glibc's default trims at once its threshold has risen to 32 MiB)
-goes back to the kernel on the ``free`` that makes it (``M_TRIM_THRESHOLD``; glibc trims
-only the top, never the free blocks inside, so the steps' pages in use are not touched).
-The large blocks are the few largest workspaces, whose sizes follow each task's T x N, so
-no freed one fits the next; kept in the heap they fragment it, with small live blocks
-pinned between them. Everything smaller is reused, and what a step frees above the
-heap's live blocks is returned once it exceeds ``TOP_KEEP``. On the reference model it
-peaked at ``system``'s resident size (-4 to +10 %, one and two workers; ``cache``: +34-61 %;
-without the top trim 0 to +20 %) for 1-3 % more CPU time than without it, and 9-15 % more
-than ``cache``, as ``system``: the pages given back are zeroed again when faulted in
-(docs/benchmarks.md, "Peak RSS by allocator policy"; interleaved on ``bench flops``' workload,
-2 workers, 6 rounds: 5-8x ``cache``'s kernel time, 86 % of its CPU efficiency in the
-median). ``system`` leaves glibc's defaults.
+``capped`` bounds that peak and keeps the speed: the same single arena, and the large
+blocks (at least ``cpucache.THRESHOLD``, 4 MiB) leave glibc altogether. A cache in front of
+torch's CPU allocator (rnntrain/compute/cpucache.py and _cpucache.cpp, compiled on first
+use) keeps each freed one as its own mapping and hands it out again by size, so the
+workspaces are not zeroed again in every task, and never lets the process hold more than
+its resident peak without the cache's free blocks plus ``cpucache.SLACK`` (64 MiB): it
+unmaps the least recently freed ones first. glibc's part stays bounded as before: blocks
+over ``CACHE_CAP`` (32 MiB, the most glibc's mmap threshold can be: ``M_MMAP_THRESHOLD``)
+that do not come through torch are mapped and given back on ``free``, and a free top of
+the heap over ``TOP_KEEP`` (64 MiB) goes back to the kernel on the ``free`` that makes it
+(``M_TRIM_THRESHOLD``; glibc trims only the top, never the free blocks inside). Without a
+C++ compiler (or with ``RNNTRAIN_CPUCACHE=off``) ``capped`` is that glibc part alone: the
+peak of ``system`` at ``system``'s speed, as before the cache; the run log says which
+(``note``). Measured figures: docs/benchmarks.md, "Peak RSS by allocator policy".
+``system`` leaves glibc's defaults.
 Elsewhere than glibc (musl, macOS) all three are the same. ``rnntrain eval`` and
 ``decode`` apply the checkpoint's policy as well.
 
-``trim`` hands the heap's free pages back to the kernel (``malloc_trim``). The loop calls
+``trim`` hands the heap's free pages back to the kernel (``malloc_trim``), and under
+``capped`` the large-block cache's free blocks (``cpucache.release``). The loop calls
 it when an epoch moves from one data chunk to the next: freed blocks that no later shape
 fits would otherwise pile up over a long epoch, and the resident peak would grow with the
 dataset (``bench reader``: +17 % for 10x the data without it, -1 to +7 % with it). A chunk
@@ -47,13 +47,17 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import sys
 from typing import Literal
+
+from rnntrain.compute import cpucache
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -3, -4, -8
 CACHE_CAP = 32 * 2**20  # bytes: under "capped", larger blocks are mapped and unmapped
 TOP_KEEP = 64 * 2**20  # bytes: under "capped", a larger free heap top goes back on free
 NEVER = 2**31 - 1  # M_TRIM_THRESHOLD: keep the top, however large
 _applied: str | None = None
+_cache_note: str | None = None  # capped: "" = the large-block cache is in, else why not
 
 
 @functools.cache
@@ -70,28 +74,55 @@ def _libc():
 
 def trim() -> bool:
     """Return the heap's free pages to the kernel, under ``cache`` and ``capped`` only
-    (glibc's own policy already does under ``system``). True when something was released."""
+    (glibc's own policy already does under ``system``), and under ``capped`` the large-block
+    cache's free blocks too. True when something was released."""
     if _applied not in ("cache", "capped"):
         return False
+    released = _cache_note == "" and cpucache.release() > 0
     libc = _libc()
-    return bool(libc is not None and libc.malloc_trim(0))
+    return bool(libc is not None and libc.malloc_trim(0)) or released
+
+
+def note() -> str | None:
+    """One line for the run log on how ``capped`` runs (with its large-block cache, or why
+    without it); None under the other policies."""
+    if _applied != "capped":
+        return None
+    if _cache_note == "":
+        return (f"allocator: capped, blocks of {cpucache.THRESHOLD / 2**20:g} MiB and more "
+                f"cached by size behind torch's CPU allocator (rnntrain.compute.cpucache)")
+    return (f"allocator: capped without its large-block cache ({_cache_note or 'not installed'}"
+            f"): glibc's settings alone, at about system's speed")
+
+
+def _large_cache():
+    """Under ``capped``, once torch is imported: install the large-block cache (once)."""
+    global _cache_note
+    if _cache_note is None and "torch" in sys.modules:
+        _cache_note = cpucache.install() or ""
 
 
 def configure(mode: Literal["cache", "capped", "system"]) -> bool:
     """Set the allocator policy for this process (call before torch starts threads: the
     arena limit only holds for threads that have not allocated yet). Returns True when
-    the policy took effect (glibc), False otherwise. Idempotent."""
+    the policy took effect (glibc), False otherwise. Idempotent. Under ``capped`` the call
+    made once torch is imported installs the large-block cache (``cpucache``; ``note``
+    says whether it is in): `rnntrain train` calls it before and after importing torch."""
     global _applied
     if mode == "system":
         return False
-    if _applied == mode:
-        return True
-    libc = _libc()
-    if libc is None:
-        return False
-    params = ([(M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, NEVER)] if mode == "cache" else
-              # glibc's default mapping count, the cap, the top trimmed over TOP_KEEP
-              [(M_MMAP_MAX, 65536), (M_MMAP_THRESHOLD, CACHE_CAP), (M_TRIM_THRESHOLD, TOP_KEEP)])
-    ok = all(libc.mallopt(p, v) == 1 for p, v in (*params, (M_ARENA_MAX, 1)))
-    _applied = mode if ok else None
-    return ok
+    if _applied != mode:
+        libc = _libc()
+        if libc is None:
+            return False
+        params = ([(M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, NEVER)] if mode == "cache" else
+                  # glibc's default mapping count, the cap, the top trimmed over TOP_KEEP
+                  [(M_MMAP_MAX, 65536), (M_MMAP_THRESHOLD, CACHE_CAP),
+                   (M_TRIM_THRESHOLD, TOP_KEEP)])
+        ok = all(libc.mallopt(p, v) == 1 for p, v in (*params, (M_ARENA_MAX, 1)))
+        _applied = mode if ok else None
+        if not ok:
+            return False
+    if mode == "capped":
+        _large_cache()
+    return True

@@ -137,6 +137,8 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
     log_skipped(log, cfg, train_ds, keep, val_ds, val_keep)
     if augment is not None:
         log.info(f"augmentation: {augment.describe()}")
+    if allocator.note():  # capped: with its large-block cache, or why not (one line)
+        log.info(allocator.note())
 
     # ---- model, optimizer, plan size and the step's machinery (same weights everywhere)
     card = ckpt.ModelCard.of_data(train_ds, to_dict(cfg))  # what every checkpoint says it is

@@ -1,0 +1,136 @@
+"""The large-block cache behind torch's CPU allocator (``compute.allocator = "capped"``).
+
+``_cpucache.cpp`` (shipped with the package; its header has the details) replaces torch's
+CPU allocator (``c10::SetCPUAllocator``, which only C++ can call) with one that keeps freed
+blocks of at least ``THRESHOLD`` bytes as separate mappings and hands them out again by
+size (the same size first, else resized with ``mremap``), so a step's workspaces are not
+zeroed by the kernel again in every task. The bound is on the process's resident size: the
+cache's free blocks are unmapped (least recently freed first) whenever the resident size
+would pass the peak the process had without them (its resident size less the cache's free
+blocks, sampled at every large allocation and free) plus ``SLACK``. Smaller blocks go to
+torch's own allocator as before (glibc's heap, under the ``capped`` settings).
+
+The wheel stays pure Python: the source is compiled on first use with the system's C++
+compiler (``$CXX``, else ``c++``) against the torch in use (its headers, ``libc10``, its C++
+ABI) into ``$XDG_CACHE_HOME/rnntrain`` (``~/.cache/rnntrain``), under a name keyed by the
+source, torch's version and the compiler, written atomically (``fsutil.atomic_path``: MPI
+ranks that build at once each rename a whole library over the same name); later runs load
+it in milliseconds. ``RNNTRAIN_CPUCACHE=off`` disables it, ``RNNTRAIN_CPUCACHE=/path/lib.so``
+loads a library built elsewhere. Without a compiler, or when the build fails, ``install``
+returns the reason and ``capped`` stays glibc's policy alone (``allocator.note`` logs it).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+THRESHOLD = 4 * 2**20  # bytes: blocks at least this large are cached by size
+SLACK = 64 * 2**20     # bytes: resident large bytes <= peak live large bytes + SLACK
+FIT_DIV = 8            # a cached block up to 1/FIT_DIV larger than asked is reused whole
+AHEAD = 100            # % of a new block's pages not yet resident counted against the bound
+SOURCE = Path(__file__).with_name("_cpucache.cpp")
+ENV = "RNNTRAIN_CPUCACHE"
+STATS = ("live", "cached", "cached_resident", "peak_live", "base_peak", "rss_peak", "hits",
+         "remaps", "misses", "dropped_bytes", "evictions", "evicted_bytes", "released_bytes", "threshold",
+         "slack")
+_lib: ctypes.CDLL | None = None
+
+
+def cache_dir() -> Path:
+    """Where built libraries are kept: ``$XDG_CACHE_HOME/rnntrain`` or ``~/.cache/rnntrain``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "rnntrain"
+
+
+def _compiler() -> list[str]:
+    return (os.environ.get("CXX") or shutil.which("c++") or "g++").split()
+
+
+def build() -> Path:
+    """The library for this torch and compiler, compiled now unless already cached.
+    Raises OSError (no compiler) or RuntimeError (the build failed, its first error line)."""
+    import torch
+    cxx = _compiler()
+    version = subprocess.run([*cxx, "--version"], capture_output=True, text=True,
+                             timeout=60).stdout.split("\n")[0]  # FileNotFoundError: none
+    tdir = Path(torch.__file__).parent
+    abi = int(torch.compiled_with_cxx11_abi())
+    key = hashlib.sha256(b"\0".join(x.encode() for x in (
+        SOURCE.read_text(), torch.__version__, str(tdir), " ".join(cxx), version, str(abi)))
+    ).hexdigest()[:16]
+    out = cache_dir() / f"_cpucache-{key}.so"
+    if out.is_file():
+        return out
+    from rnntrain import fsutil
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fsutil.remove_dead_temps(out)  # what a killed build left
+    with fsutil.atomic_path(out) as tmp:
+        p = subprocess.run(
+            [*cxx, "-O2", "-shared", "-fPIC", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+             f"-I{tdir / 'include'}", str(SOURCE), "-o", str(tmp), f"-L{tdir / 'lib'}",
+             "-lc10", f"-Wl,-rpath,{tdir / 'lib'}"], capture_output=True, text=True, timeout=600)
+        if p.returncode != 0:
+            errs = [ln for ln in p.stderr.splitlines() if "error" in ln] or p.stderr.splitlines()
+            raise RuntimeError(f"{' '.join(cxx)} failed: {(errs or ['no output'])[0].strip()}")
+    return out
+
+
+def _load() -> ctypes.CDLL:
+    global _lib
+    if _lib is None:
+        choice = os.environ.get(ENV, "")
+        path = Path(choice) if choice not in ("", "on", "1") else build()
+        lib = ctypes.CDLL(str(path))
+        lib.rnntrain_cpucache_install.argtypes = [ctypes.c_size_t] * 4
+        lib.rnntrain_cpucache_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
+        lib.rnntrain_cpucache_release.restype = ctypes.c_size_t
+        assert lib.rnntrain_cpucache_nstats() == len(STATS), "stale library"
+        _lib = lib
+    return _lib
+
+
+def install(threshold: int | None = None, slack: int | None = None,
+            fit_div: int | None = None) -> str | None:
+    """Put the cache in front of torch's CPU allocator (torch must be imported; call it
+    before the workers allocate); the settings default to the module's (``THRESHOLD``,
+    ``SLACK``, ``FIT_DIV``), read now. None when it is in place, else why not (one line)."""
+    if os.environ.get(ENV, "").lower() in ("off", "0", "no"):
+        return f"{ENV}={os.environ[ENV]}"
+    if sys.platform != "linux":
+        return "not Linux (mmap/mremap)"
+    try:
+        lib = _load()
+    except FileNotFoundError:
+        return f"no C++ compiler ({' '.join(_compiler())} not found; set CXX)"
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    rc = lib.rnntrain_cpucache_install(THRESHOLD if threshold is None else threshold,
+                                       SLACK if slack is None else slack,
+                                       FIT_DIV if fit_div is None else fit_div, AHEAD)
+    return None if rc == 0 else {
+        -1: "torch's CPU allocator has no raw deleter",
+        -2: "another CPU allocator is installed"}.get(rc, f"install returned {rc}")
+
+
+def active() -> bool:
+    """Whether this process's torch CPU allocator is the cache."""
+    return _lib is not None and stats()["threshold"] > 0
+
+
+def stats() -> dict[str, int]:
+    """The cache's books (``STATS``; bytes and counts); all 0 when it is not installed."""
+    if _lib is None:
+        return dict.fromkeys(STATS, 0)
+    out = (ctypes.c_uint64 * len(STATS))()
+    _lib.rnntrain_cpucache_stats(out)
+    return dict(zip(STATS, out))
+
+
+def release() -> int:
+    """Unmap every cached free block (``allocator.trim`` at a chunk switch); bytes released."""
+    return int(_lib.rnntrain_cpucache_release()) if _lib is not None else 0

@@ -1,0 +1,194 @@
+"""compute.cpucache: the large-block cache behind torch's CPU allocator ("capped"), built
+with the system's C++ compiler on first use; without one "capped" trains on glibc's settings
+alone and says so in one line."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, run_cli
+
+COMPILER = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+needs_cxx = pytest.mark.skipif(not COMPILER or not sys.platform.startswith("linux"),
+                               reason="no C++ compiler (or not Linux): the cache is not built")
+
+
+def _run(code: str, *args, env=None, timeout=180):
+    p = subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=timeout,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})))
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+# Tensors of assorted large sizes, each filled with its own value, checked after the others
+# were allocated and freed; a freed block serves the next request of its size (a hit) and
+# its pages are not faulted in again (minor faults, getrusage: a fresh block of 24 MiB
+# costs ~6,000); the bound: the resident size never passes base's peak (the process
+# without the cache's free blocks) + the slack by more than the block being handed out.
+REUSE = """
+import json, resource, torch
+from rnntrain.compute import cpucache
+assert cpucache.install(threshold=2**20) is None
+MiB = 2**20
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+ok = True
+for rnd in range(3):
+    ts = [torch.full((m * MiB // 4,), float(m)) for m in (3, 5, 9, 17, 24, 40)]
+    junk = [torch.ones(m * MiB // 4) for m in (7, 30)]
+    del junk
+    ok &= all(bool((t == float(m)).all()) for t, m in zip(ts, (3, 5, 9, 17, 24, 40)))
+    del ts
+before, f0 = cpucache.stats(), faults()
+t = torch.empty(24 * MiB // 4).fill_(2.0)   # the size freed above: its pages reused
+f1 = faults()
+after = cpucache.stats()
+del t
+small = torch.ones(1000)                     # under the threshold: torch's own allocator
+print(json.dumps(dict(ok=ok, before=before, after=after, faults=f1 - f0,
+                      small_cached=cpucache.stats()["cached"], active=cpucache.active(),
+                      small=float(small.sum()))))
+"""
+
+
+@needs_cxx
+def test_cache_reuses_freed_blocks_by_size_and_keeps_contents():
+    r = _run(REUSE)
+    assert r["ok"] and r["active"] and r["small"] == 1000.0
+    b, a = r["before"], r["after"]
+    assert a["hits"] == b["hits"] + 1 and a["misses"] == b["misses"]
+    assert r["faults"] < 24 * 2**20 / 4096 / 10, r["faults"]  # ~6,000 if mapped fresh
+    assert b["misses"] <= 8  # the first round's blocks, then reuse
+    assert a["rss_peak"] <= a["base_peak"] + a["slack"] + 40 * 2**20
+    assert r["small_cached"] == a["cached"] + 24 * 2**20  # 1000 floats: not cached
+
+
+# The bound in a process whose large blocks change size all the time (the pattern that makes
+# "cache"'s heap grow): 30 rounds of one tensor of 40-98 MiB alive at a time, touched, with a
+# small one pinned after each. Resident growth stays within the largest block + the slack.
+BOUND = """
+import json, torch
+from rnntrain.compute import cpucache
+assert cpucache.install(threshold=2**20, slack=16 * 2**20) is None
+def rss():
+    for ln in open("/proc/self/status"):
+        if ln.startswith("VmRSS:"):
+            return int(ln.split()[1]) * 1024
+start, pins, peak = rss(), [], 0
+for k in range(30):
+    big = torch.empty((40 + 2 * k) * 2**20, dtype=torch.uint8).fill_(1)
+    pins.append(torch.ones(2**14))
+    peak = max(peak, rss())
+    del big
+print(json.dumps(dict(grown=(rss() - start) / 2**20, peak=(peak - start) / 2**20,
+                      stats=cpucache.stats())))
+"""
+
+
+@needs_cxx
+def test_resident_size_stays_bounded_when_sizes_change():
+    r = _run(BOUND)
+    s = r["stats"]
+    assert s["remaps"] + s["hits"] >= 25, s   # every later block from the cache
+    assert r["peak"] < 98 + 16 + 24, r         # one block alive, the slack, some pages
+    assert s["rss_peak"] <= s["base_peak"] + s["slack"] + 98 * 2**20, s
+
+
+# Two threads allocate, fill, check and free tensors of assorted large sizes at once.
+THREADS = """
+import json, threading, torch
+from rnntrain.compute import cpucache
+assert cpucache.install(threshold=2**20) is None
+bad = []
+def work(tid):
+    for i in range(60):
+        m = 1 + (i * 7 + tid * 3) % 23
+        ts = [torch.full((m * 2**18,), float(tid * 1000 + i)), torch.ones(m * 2**17)]
+        if not bool((ts[0] == tid * 1000 + i).all()) or float(ts[1].sum()) != m * 2**17:
+            bad.append((tid, i))
+threads = [threading.Thread(target=work, args=(t,)) for t in range(2)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(json.dumps(dict(bad=bad, stats=cpucache.stats())))
+"""
+
+
+@needs_cxx
+def test_two_threads_share_the_cache():
+    r = _run(THREADS)
+    assert r["bad"] == []
+    s = r["stats"]
+    assert s["live"] == 0 and s["hits"] + s["remaps"] > 100, s
+
+
+# allocator.trim (the chunk switch) releases the cache's free blocks too, under "capped"
+TRIM = """
+import json, torch
+from rnntrain.compute import allocator, cpucache
+assert allocator.configure("capped")
+t = [torch.ones(2**23) for _ in range(4)]
+del t
+held = cpucache.stats()["cached"]
+print(json.dumps(dict(held=held, trimmed=allocator.trim(), after=cpucache.stats(),
+                      note=allocator.note())))
+"""
+
+
+@needs_cxx
+def test_trim_releases_the_cached_blocks():
+    r = _run(TRIM)
+    assert r["held"] == 4 * 2**25 and r["trimmed"]
+    assert r["after"]["cached"] == 0 and r["after"]["released_bytes"] == r["held"]
+    assert "cached by size" in r["note"]
+
+
+def test_capped_without_a_compiler_trains_and_says_so(synth_pair, tmp_path):
+    """No compiler and nothing built: "capped" runs on glibc's settings, with one line
+    naming why, and trains the same weights as "cache"."""
+    train, _ = synth_pair
+    weights = {}
+    for mode, env in (("capped", {"CXX": str(tmp_path / "no-such-c++"),
+                                  "XDG_CACHE_HOME": str(tmp_path / "empty-cache")}),
+                      ("cache", {})):
+        run = tmp_path / mode
+        p = run_cli("rnntrain", "train", f"data.train={train}", "model.layers=1",
+                    "model.hidden=16", "train.epochs=1", "batch.batch_frames=600",
+                    f"compute.allocator={mode}", "compute.threads=2", f"run.dir={run}",
+                    env=env)
+        assert p.returncode == 0, p.stderr[-2000:]
+        weights[mode] = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["model"]
+        if mode == "capped":
+            lines = [ln for ln in p.stderr.splitlines() if ln.startswith("allocator:")]
+            assert len(lines) == 1 and "without its large-block cache (no C++ compiler" in \
+                lines[0], p.stderr[-2000:]
+            assert "Traceback" not in p.stderr
+            assert lines[0] in (run / "train.log").read_text()
+            assert not (tmp_path / "empty-cache" / "rnntrain").exists() or not any(
+                (tmp_path / "empty-cache" / "rnntrain").glob("*.so"))
+    for k in weights["cache"]:
+        assert torch.equal(weights["cache"][k], weights["capped"][k]), k
+
+
+@needs_cxx
+def test_build_is_atomic_and_keyed(tmp_path):
+    """Two processes building into one empty cache folder at once (MPI ranks) each end
+    with the same whole library, and no temporary file is left."""
+    code = ("from rnntrain.compute import cpucache\nimport json, torch\n"
+            "print(json.dumps(str(cpucache.build())))")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(tmp_path))
+    ps = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+          for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in ps]
+    assert all(p.returncode == 0 for p in ps), [o[1][-1500:] for o in outs]
+    paths = {json.loads(o[0].strip().splitlines()[-1]) for o in outs}
+    assert len(paths) == 1
+    folder = tmp_path / "rnntrain"
+    assert sorted(x.name for x in folder.iterdir()) == [os.path.basename(paths.pop())]
