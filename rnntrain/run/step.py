@@ -57,8 +57,7 @@ class EpochFeed:
     ``first_step``: the step counter at ``start`` (for the trace window). ``reader``: the
     run's ``RunReader.stream("train")``, which must have this plan's chunks from ``start``
     on queued; None: a reader of its own, closed by ``close`` (idempotent). ``wait_s``:
-    the time this feed waited for chunks; ``load_s``: the loader thread's read time since
-    the feed began (with a shared reader: whatever it read meanwhile)."""
+    the time this feed waited for chunks."""
 
     def __init__(self, ds, plan: list[Batch], epoch: int, start: int, first_step: int,
                  reader: "_Stream | None" = None):
@@ -66,12 +65,7 @@ class EpochFeed:
         self._own = reader is None
         self.reader = ChunkReader(ds.load_chunk, chunk_order(plan[start:])) if self._own \
             else reader
-        self._loads0 = self.reader.load_s
         self.wait_s = 0.0
-
-    @property
-    def load_s(self) -> float:
-        return self.reader.load_s - self._loads0
 
     def __iter__(self) -> Iterator[FedBatch]:
         chunk, payload = None, None
@@ -131,6 +125,11 @@ class RunReader:
         assert self._sources[source] is not None
         self.reader.extend((source, int(k)) for k in chunks)
 
+    @property
+    def load_s(self) -> float:
+        """The loader thread's read time so far (every source)."""
+        return self.reader.load_s
+
     def stream(self, source: str) -> "_Stream":
         """What a consumer of ``source``'s chunks (``EpochFeed``, ``evaluate``) reads from."""
         return _Stream(self.reader, source)
@@ -146,17 +145,10 @@ class _Stream:
     def __init__(self, reader: ChunkReader, source: str):
         self._reader, self.source = reader, source
 
-    @property
-    def load_s(self) -> float:
-        return self._reader.load_s
-
     def next(self) -> tuple[int, dict]:
         (source, k), payload = self._reader.next()
         assert source == self.source, f"reader out of order: {source} chunk for {self.source}"
         return k, payload
-
-    def close(self):
-        pass
 
 
 @dataclass

@@ -220,6 +220,7 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
         val_chunks = list(eval_batches(val_ds, val_keep, cfg.batch.batch_frames, comm.rank,
                                        comm.size)) if val_ds is not None else []
         ahead = None  # the chunk order of the epoch already queued, with its number
+        loads_logged = 0.0
         for epoch in range(state.epoch, tc.epochs):
             # an epoch interrupted on another rank count goes on over the sequences left
             planner.set_epoch(epoch, state.parts)
@@ -276,8 +277,11 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
             if averager is not None:
                 averager.end_epoch()
             if writer:
+                # loads: the loader's read time since the last such line (what it read
+                # ahead during the previous validation included)
                 log.info(f"epoch {epoch + 1}: data wait {feed.wait_s:.2f} s, "
-                         f"loads {feed.load_s:.2f} s")
+                         f"loads {reader.load_s - loads_logged:.2f} s")
+            loads_logged = reader.load_s
             improved = True  # ---- validation, best and last checkpoints, early stopping
             if validating:
                 own = averager.swap_in() if averager is not None else None  # score the average
