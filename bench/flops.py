@@ -61,6 +61,11 @@ def policy_rounds(cfg, folder, rounds: int, epochs: int = 2) -> dict[str, list[d
             r = wl.run_rnntrain(cfg, [f"train.epochs={epochs}", f"compute.allocator={pol}"],
                                 folder / f"run_fp32_{pol}_{i}")
             r.update(frames_per_s=timed_fps(r), load=os.getloadavg()[0])
+            log = folder / f"run_fp32_{pol}_{i}" / "train.log"  # "capped": with its cache?
+            notes = [ln.split(" ", 1)[1] for ln in (log.read_text().splitlines()
+                                                   if log.is_file() else [])
+                     if ln.split(" ", 1)[-1].startswith("allocator:")]
+            r["note"] = notes[0] if notes else ""
             runs[pol].append(r)
     return runs
 
@@ -82,7 +87,7 @@ def policy_summary(runs: dict[str, list[dict]], base: str = "cache") -> dict[str
                     "speed": stats([r["frames_per_s"] / b["frames_per_s"] for r, b in pairs]),
                     "cpu": stats([b["cpu_s"] / r["cpu_s"] for r, b in pairs]),
                     "load": (min(r["load"] for r in rs), max(r["load"] for r in rs)),
-                    "rounds": len(rs)}
+                    "rounds": len(rs), "note": rs[0].get("note", "")}
     return out
 
 
@@ -390,7 +395,8 @@ def run(quick: bool = False) -> str:
         "ran (the system time is the kernel zeroing the pages a policy gives back and "
         "faults in again). 1-minute load average after the runs: "
         f"{min(r['load'][0] for r in policies.values()):.1f}-"
-        f"{max(r['load'][1] for r in policies.values()):.1f} on {cores} cores.",
+        f"{max(r['load'][1] for r in policies.values()):.1f} on {cores} cores. `capped`'s "
+        "run log: " + (policies["capped"]["note"] or "(no allocator line)") + ".",
         f"- peephole row: {'30' if quick else '80'} sequences, both cells in rnntrain with "
         "the same config; the peephole cell runs a Python-level time loop with a "
         "hand-written backward (`rnntrain/compute/peephole.py`).", "",

@@ -231,7 +231,7 @@ class ComputeConfig(Section):
     """micro-batches per worker per batch (load balance)"""
     allocator: Allocator = "cache"
     """"cache": freed memory stays in the process for the next step's tensors (no page
-    faults after the first steps; a higher resident peak); "capped": blocks of 4 MiB and
+    faults after the first steps; a higher resident peak); "capped": blocks of 1 MiB and
     more are kept by size in a cache in front of torch's allocator, bounded by the resident
     peak the process has without it (+64 MiB), compiled on first use with the system's C++
     compiler (without one: glibc's settings alone, "system"'s peak and speed; the run log

@@ -47,6 +47,9 @@ if spec.get("base") in ("cache", "capped"):
     cpucache.FIT_DIV = int(spec.get("fit", cpucache.FIT_DIV))
     cpucache.AHEAD = int(spec.get("ahead", cpucache.AHEAD))
     assert allocator.configure(spec["base"])
+    if spec.get("heap") == "keep":  # under capped: glibc's part as under cache
+        libc = ctypes.CDLL("libc.so.6")
+        assert libc.mallopt(M_MMAP_MAX, 0) == 1 and libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1) == 1
     import torch  # noqa: F401  (as `rnntrain train`: the policy, torch, then the cache)
     assert allocator.configure(spec["base"]) and (allocator.note() or "").find("without") < 0
 elif spec:
@@ -73,7 +76,7 @@ sys.exit(rc)
 def run(cfg: Path, variant: str, threads: int, run_dir: Path, epochs: int = 2) -> dict:
     name = variant.removesuffix("+huge")
     spec = {"system": "", "cache": "base=cache", "capped": "base=capped"}.get(name, name)
-    if name.startswith("capped:"):  # the cache's own settings: capped:cthr=MiB,slack=MiB,fit=N,ahead=%
+    if name.startswith("capped:"):  # the cache's own settings: capped:cthr=MiB,slack=MiB,fit=N,ahead=%,heap=keep
         spec = "base=capped," + name.split(":", 1)[1]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     if variant.endswith("+huge"):

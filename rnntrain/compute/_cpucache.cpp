@@ -85,7 +85,10 @@ std::vector<unsigned char> resident_map(void* p, size_t bytes, size_t* resident)
 // block outside that pattern are dropped (MADV_DONTNEED): kept, they would stay resident
 // where a fresh block's untouched pages cost nothing. Returns the bytes dropped.
 size_t drop_stale(const Cached& c, const Cached& like, size_t n, size_t want) {
-  size_t pages = std::min(c.bytes, want) / kPage, dropped = 0, run = 0;
+  // pages past the asked size (a block kept whole, up to 1/fit_div larger) are kept: the
+  // next larger request of the size class finds them in memory
+  size_t pages = std::min({c.bytes, want, (n + kPage - 1) / kPage * kPage}) / kPage;
+  size_t dropped = 0, run = 0;
   double scale = static_cast<double>(like.asked) / static_cast<double>(n);
   for (size_t q = 0; q <= pages; ++q) {
     bool stale = false;
@@ -285,6 +288,11 @@ class LargeCache final : public c10::Allocator {
   // blocks) updated; without /proc the books stand in: live + cached bytes
   size_t sample() {
     size_t rss = stats_[kLive] + stats_[kCachedResident];
+    if (getpid() != statm_pid_) {  // a forked child: /proc/self was the parent when opened
+      if (statm_ >= 0) close(statm_);
+      statm_ = open("/proc/self/statm", O_RDONLY);
+      statm_pid_ = getpid();
+    }
     char buf[128];
     ssize_t got = statm_ >= 0 ? pread(statm_, buf, sizeof(buf) - 1, 0) : -1;
     if (got > 0) {
@@ -301,6 +309,7 @@ class LargeCache final : public c10::Allocator {
   c10::Allocator* base_;
   c10::DeleterFnPtr base_delete_;
   int statm_;
+  pid_t statm_pid_ = getpid();
   size_t threshold_ = SIZE_MAX;  // read without the lock: set before the allocator is in
   size_t fit_div_ = 8;
   size_t ahead_pct_ = 100;  // % of a new block's pages not yet resident counted in the bound

@@ -29,10 +29,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-THRESHOLD = 4 * 2**20  # bytes: blocks at least this large are cached by size
-SLACK = 64 * 2**20     # bytes: resident large bytes <= peak live large bytes + SLACK
+THRESHOLD = 2**20      # bytes: blocks at least this large are cached by size
+SLACK = 64 * 2**20     # bytes: resident size <= its peak without the cache's free blocks + SLACK
 FIT_DIV = 8            # a cached block up to 1/FIT_DIV larger than asked is reused whole
-AHEAD = 100            # % of a new block's pages not yet resident counted against the bound
+AHEAD = 0              # % of a new block's pages not yet resident counted against the bound
 SOURCE = Path(__file__).with_name("_cpucache.cpp")
 ENV = "RNNTRAIN_CPUCACHE"
 STATS = ("live", "cached", "cached_resident", "peak_live", "base_peak", "rss_peak", "hits",
