@@ -346,9 +346,15 @@ def test_wheel_in_a_fresh_venv_from_another_folder(tmp_path):
     run("rnntrain", "train", "default.toml", *small)
     assert (work / "runs/default/checkpoints/last.pt").is_file()
     # only overrides: the built-in defaults, here on the sharded copy
+    # ... under the capped allocator: its C++ cache, shipped as package data, compiles on
+    # first use against the venv's torch (into an empty cache folder) and goes in
     run("rnntrain", "train", "data.train=data/shards", "data.val=data/synth_val.nc",
-        "run.dir=runs/bare", *small)
+        "run.dir=runs/bare", "train.allocator=capped", *small,
+        env={"XDG_CACHE_HOME": str(tmp_path / "xdg")})
     assert (work / "runs/bare/checkpoints/last.pt").is_file()
+    if shutil.which("c++") or shutil.which("g++"):
+        assert "cached by size" in (work / "runs/bare/train.log").read_text()
+        assert list((tmp_path / "xdg" / "rnntrain").glob("_cpucache-*.so"))
     runs_out = run("rnntrain", "runs").stdout
     assert "default" in runs_out and "bare" in runs_out
     run("rnntrain", "report", "runs/default")
