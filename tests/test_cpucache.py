@@ -192,3 +192,108 @@ def test_build_is_atomic_and_keyed(tmp_path):
     assert len(paths) == 1
     folder = tmp_path / "rnntrain"
     assert sorted(x.name for x in folder.iterdir()) == [os.path.basename(paths.pop())]
+
+
+FAKE_CXX = """#!/bin/sh
+echo "_cpucache.cpp:1:10: fatal error: c10/core/Allocator.h: No such file or directory" >&2
+exit 1
+"""
+
+
+def _train_capped(train, run, env):
+    return run_cli("rnntrain", "train", f"data.train={train}", "model.layers=1",
+                   "model.hidden=16", "train.epochs=1", "batch.batch_frames=600",
+                   "compute.allocator=capped", "compute.threads=1", f"run.dir={run}", env=env)
+
+
+@pytest.mark.parametrize("case", ["off", "compile-error", "missing-file", "foreign-file"])
+def test_capped_without_its_cache_trains_and_says_why_in_one_line(case, synth_pair, tmp_path):
+    """RNNTRAIN_CPUCACHE=off, a compiler that fails (a script printing an error line),
+    RNNTRAIN_CPUCACHE naming a missing file or one that is no library: "capped" trains on
+    glibc's settings, and the run log has one allocator line with the reason (the error
+    line; the path), no traceback, and nothing is built."""
+    train, _ = synth_pair
+    cache = tmp_path / "empty-cache"
+    env = {"XDG_CACHE_HOME": str(cache)}
+    if case == "off":
+        env["RNNTRAIN_CPUCACHE"], why = "off", "(RNNTRAIN_CPUCACHE=off)"
+    elif case == "compile-error":
+        cxx = tmp_path / "failing-c++"
+        cxx.write_text(FAKE_CXX)
+        cxx.chmod(0o755)
+        env["CXX"] = str(cxx)
+        why = (f"({cxx} failed: _cpucache.cpp:1:10: fatal error: c10/core/Allocator.h: "
+               "No such file or directory)")
+    elif case == "missing-file":
+        missing = tmp_path / "nowhere" / "_cpucache-x.so"
+        env["RNNTRAIN_CPUCACHE"] = str(missing)
+        why = f"(RNNTRAIN_CPUCACHE={missing}: no such file"
+    else:
+        foreign = tmp_path / "not-a-library.so"
+        foreign.write_text("not ELF\n")
+        env["RNNTRAIN_CPUCACHE"] = str(foreign)
+        why = f"({foreign}: not a large-block cache library ("  # then the loader's words
+    run = tmp_path / "run"
+    p = _train_capped(train, run, env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("allocator:")]
+    assert len(lines) == 1 and lines[0].startswith(
+        "allocator: capped without its large-block cache " + why), lines or p.stderr[-2000:]
+    assert lines[0] in (run / "train.log").read_text()
+    assert (run / "checkpoints" / "last.pt").is_file()
+    assert not list(cache.rglob("*.so"))
+
+
+# A library loaded from RNNTRAIN_CPUCACHE: the process maps that file, nothing is built in
+# its (empty) cache folder, and the cache serves a freed block's size again.
+PREBUILT = """
+import json, sys, torch
+from rnntrain.compute import cpucache
+why = cpucache.install()
+ts = [torch.ones(2**22) for _ in range(3)]
+del ts
+t = torch.ones(2**22)
+maps = {ln.split()[-1] for ln in open("/proc/self/maps")
+        if ln.rstrip().endswith(sys.argv[1]) or "_cpucache" in ln}
+print(json.dumps(dict(why=why, active=cpucache.active(), maps=sorted(maps),
+                      stats=cpucache.stats())))
+"""
+
+
+@needs_cxx
+def test_env_path_loads_a_library_built_elsewhere_and_a_build_prunes_old_ones(tmp_path):
+    """cpucache.build() into one cache folder (where old libraries of other keys lie: the
+    one unused for over PRUNE_DAYS is removed, a recent one kept; a build that finds its
+    library marks it used); the library copied
+    elsewhere and named by RNNTRAIN_CPUCACHE is the one a process loads and runs."""
+    import time
+    built = tmp_path / "built"
+    folder = built / "rnntrain"
+    folder.mkdir(parents=True)
+    old, recent = folder / "_cpucache-0000000000000000.so", folder / "_cpucache-1111.so"
+    old.write_bytes(b"old")
+    recent.write_bytes(b"recent")
+    days = 86400
+    os.utime(old, (time.time() - 31 * days,) * 2)
+    os.utime(recent, (time.time() - 29 * days,) * 2)
+    code = ("from rnntrain.compute import cpucache\nimport json, torch\n"
+            "print(json.dumps(str(cpucache.build())))")
+    lib = _run(code, env={"XDG_CACHE_HOME": str(built)}, timeout=300)
+    assert os.path.dirname(lib) == str(folder)
+    assert sorted(x.name for x in folder.iterdir()) == sorted(
+        [os.path.basename(lib), recent.name])
+    os.utime(lib, (time.time() - 40 * days,) * 2)   # found again by build: used now
+    assert _run(code, env={"XDG_CACHE_HOME": str(built)}) == lib
+    assert time.time() - os.path.getmtime(lib) < days
+    elsewhere = tmp_path / "elsewhere" / "mycache.so"
+    elsewhere.parent.mkdir()
+    shutil.copy(lib, elsewhere)
+    os.remove(lib)  # only the copy exists now
+    empty = tmp_path / "empty-cache"
+    r = _run(PREBUILT, elsewhere,
+             env={"RNNTRAIN_CPUCACHE": str(elsewhere), "XDG_CACHE_HOME": str(empty)})
+    assert r["why"] is None and r["active"], r
+    assert r["maps"] == [str(elsewhere)], r  # that file, no other build of the cache
+    assert r["stats"]["hits"] + r["stats"]["remaps"] >= 1 and r["stats"]["live"] == 2**24, r
+    assert not empty.exists()

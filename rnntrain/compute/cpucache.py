@@ -16,8 +16,10 @@ ABI) into ``$XDG_CACHE_HOME/rnntrain`` (``~/.cache/rnntrain``), under a name key
 source, torch's version and the compiler, written atomically (``fsutil.atomic_path``: MPI
 ranks that build at once each rename a whole library over the same name); later runs load
 it in milliseconds. ``RNNTRAIN_CPUCACHE=off`` disables it, ``RNNTRAIN_CPUCACHE=/path/lib.so``
-loads a library built elsewhere. Without a compiler, or when the build fails, ``install``
-returns the reason and ``capped`` stays glibc's policy alone (``allocator.note`` logs it).
+loads a library built elsewhere (a missing or foreign file: the reason, naming the path).
+Without a compiler, or when the build fails, ``install`` returns the reason (one line) and
+``capped`` stays glibc's policy alone (``allocator.note`` logs it). A new build removes the
+other libraries in that folder unused for ``PRUNE_DAYS`` (30 days: earlier torch versions).
 """
 from __future__ import annotations
 
@@ -27,12 +29,14 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 THRESHOLD = 2**20      # bytes: blocks at least this large are cached by size
 SLACK = 64 * 2**20     # bytes: resident size <= its peak without the cache's free blocks + SLACK
 FIT_DIV = 8            # a cached block up to 1/FIT_DIV larger than asked is reused whole
 AHEAD = 0              # % of a new block's pages not yet resident counted against the bound
+PRUNE_DAYS = 30        # a new build removes other built libraries older than this
 SOURCE = Path(__file__).with_name("_cpucache.cpp")
 ENV = "RNNTRAIN_CPUCACHE"
 STATS = ("live", "cached", "cached_resident", "peak_live", "base_peak", "rss_peak", "hits",
@@ -65,6 +69,10 @@ def build() -> Path:
     ).hexdigest()[:16]
     out = cache_dir() / f"_cpucache-{key}.so"
     if out.is_file():
+        try:
+            os.utime(out)  # its time is its last use: prune() keeps what is in use
+        except OSError:
+            pass
         return out
     from rnntrain import fsutil
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -77,19 +85,54 @@ def build() -> Path:
         if p.returncode != 0:
             errs = [ln for ln in p.stderr.splitlines() if "error" in ln] or p.stderr.splitlines()
             raise RuntimeError(f"{' '.join(cxx)} failed: {(errs or ['no output'])[0].strip()}")
+    prune(out)
     return out
 
 
+def prune(keep: Path, max_age_days: float = PRUNE_DAYS) -> list[Path]:
+    """Remove the other built libraries (``_cpucache-*.so``) beside ``keep`` not used (built,
+    or found by ``build``, which touches it) for ``max_age_days``: those of earlier torch
+    versions, sources or compilers, which would otherwise pile up. A process that has one
+    loaded keeps its mapping (an unlinked file stays mapped); ``keep``, the one in use, is
+    never removed. Returns those removed."""
+    cutoff = time.time() - max_age_days * 86400
+    gone = []
+    for p in keep.parent.glob("_cpucache-*.so"):
+        try:
+            if p.name != keep.name and p.is_file() and not p.is_symlink() \
+                    and p.stat().st_mtime < cutoff:
+                p.unlink()
+                gone.append(p)
+        except OSError:  # removed by another process meanwhile, or not ours to remove
+            pass
+    return gone
+
+
 def _load() -> ctypes.CDLL:
+    """The library (``$RNNTRAIN_CPUCACHE`` when it names one, else ``build()``), loaded once.
+    Raises OSError/RuntimeError with one line for the user (``install`` returns it)."""
     global _lib
     if _lib is None:
         choice = os.environ.get(ENV, "")
-        path = Path(choice) if choice not in ("", "on", "1") else build()
-        lib = ctypes.CDLL(str(path))
+        if choice in ("", "on", "1"):
+            path = build()
+        else:
+            path = Path(choice)
+            if not path.is_file():
+                raise RuntimeError(f"{ENV}={choice}: no such file (a library built by "
+                                   f"rnntrain.compute.cpucache.build(), or 'off')")
+        try:
+            lib = ctypes.CDLL(str(path))
+            nstats = lib.rnntrain_cpucache_nstats()
+        except (OSError, AttributeError) as e:
+            why = (str(e).splitlines() or [type(e).__name__])[0].removeprefix(f"{path}: ")
+            raise RuntimeError(f"{path}: not a large-block cache library ({why})")
+        if nstats != len(STATS):
+            raise RuntimeError(f"{path}: built from another version of _cpucache.cpp "
+                               f"({nstats} statistics, this one has {len(STATS)})")
         lib.rnntrain_cpucache_install.argtypes = [ctypes.c_size_t] * 4
         lib.rnntrain_cpucache_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
         lib.rnntrain_cpucache_release.restype = ctypes.c_size_t
-        assert lib.rnntrain_cpucache_nstats() == len(STATS), "stale library"
         _lib = lib
     return _lib
 
