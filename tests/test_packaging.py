@@ -349,7 +349,7 @@ def test_wheel_in_a_fresh_venv_from_another_folder(tmp_path):
     # ... under the capped allocator: its C++ cache, shipped as package data, compiles on
     # first use against the venv's torch (into an empty cache folder) and goes in
     run("rnntrain", "train", "data.train=data/shards", "data.val=data/synth_val.nc",
-        "run.dir=runs/bare", "train.allocator=capped", *small,
+        "run.dir=runs/bare", "compute.allocator=capped", *small,
         env={"XDG_CACHE_HOME": str(tmp_path / "xdg")})
     assert (work / "runs/bare/checkpoints/last.pt").is_file()
     if shutil.which("c++") or shutil.which("g++"):
