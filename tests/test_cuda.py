@@ -163,3 +163,25 @@ def test_fp16_training_run_on_cuda(synth_pair, tmp_path):
     recs = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
     tr = [r for r in recs if r["split"] == "train"]
     assert all(r["loss"] == r["loss"] for r in tr) and tr[-1]["loss"] < tr[0]["loss"]
+
+
+def test_repeated_runs_in_one_process_leave_no_device_memory(synth_pair, tmp_path):
+    """cuBLAS keeps a workspace per stream for the life of the process: a run that made
+    fresh worker streams left 65 MiB more allocated after every in-process ``train()``
+    (measured on an H100). Each worker now reuses its streams, so a second and third run
+    leave exactly what the first left."""
+    import gc
+    from rnntrain.config import load_config
+    from rnntrain.run.train import train
+    train_nc, _ = synth_pair
+    after = []
+    for k in range(3):
+        cfg = load_config(None, [f"data.train={json.dumps(str(train_nc))}", "model.hidden=32",
+                                 "train.epochs=1", "batch.batch_frames=2000",
+                                 "compute.device=cuda", "compute.threads=2",
+                                 f"run.dir={json.dumps(str(tmp_path / str(k)))}"])
+        train(cfg)
+        gc.collect()
+        torch.cuda.synchronize()
+        after.append(torch.cuda.memory_allocated())
+    assert after[1] == after[0] and after[2] == after[0], after

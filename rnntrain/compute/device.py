@@ -76,19 +76,29 @@ def host_every(device: torch.device, log_every: int) -> int:
     return 1 if device.type == "cpu" else max(1, log_every)
 
 
-def worker_start(device: torch.device):
+def worker_start(device: torch.device, worker: int = 0):
     """Run once on each worker thread: on CUDA the thread's device, its own compute stream
     (set current for the thread) and a side copy stream. (torch's intra-op thread count is
     process-wide: the pool sets it once, see ``pool.set_intra_threads``.)
+
+    Worker ``worker`` gets the same two streams in every run of this process: cuBLAS keeps a
+    workspace (65 MiB on an H100) for each stream it has run on until the process ends, so
+    fresh streams per run would leave one more workspace allocated after every in-process
+    ``train()`` (learning-rate search, ensembles, notebooks).
     """
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        _local.compute = torch.cuda.Stream(device)
-        _local.copy = torch.cuda.Stream(device)
+        with _streams_lock:
+            key = (device.index, worker)
+            if key not in _streams:
+                _streams[key] = (torch.cuda.Stream(device), torch.cuda.Stream(device))
+            _local.compute, _local.copy = _streams[key]
         torch.cuda.set_stream(_local.compute)
 
 
 _local = threading.local()
+_streams: dict[tuple[int, int], tuple] = {}  # (device index, worker) → (compute, copy)
+_streams_lock = threading.Lock()
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -190,7 +190,7 @@ class StepRunner:
         # one CPU worker runs on this thread: its intra-op threads then share one OpenMP
         # team with the update (see WorkerPool), instead of two teams throttling each other
         self.pool = WorkerPool(self.computer, workers, cfg.compute.intra_threads,
-                               on_start=lambda w: worker_start(device),
+                               on_start=lambda w: worker_start(device, w),
                                inline=workers == 1 and device.type == "cpu")
         self.task_cost = cost_model_for(model, cfg.compute.precision if device.type == "cpu"
                                         else "fp32")
