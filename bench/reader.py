@@ -80,11 +80,10 @@ def _allocator_line(run_dir: Path) -> str:
 
 def rss_section(work: Path, quick: bool) -> list[str]:
     small_mb = 120 if quick else 200
-    # 800 bytes per frame, 40 MB chunks. Under compute.allocator = "system" chunks of 32 MB
-    # and more are mmap'ed by glibc and returned to the OS when released; under "cache"
-    # (the default) every chunk comes from the one heap, and the loop's trim at each chunk
-    # switch (allocator.trim) hands the freed ones back; under "capped" the chunks are
-    # mapped (over its 32 MiB cap) and the large-block cache is trimmed at the switch too.
+    # 800 bytes per frame, 40 MB chunks, read into the reader's two reused mappings
+    # (rnntrain.data.chunkbuf) under every policy: the heap holds the steps' blocks only,
+    # and the loop's trim at each chunk switch (allocator.trim) hands back what they left
+    # free; under "capped" the large-block cache is trimmed at the switch too.
     features, chunk_frames = 200, 50_000
     frames = small_mb * 1_000_000 // (4 * features)
     small = write_random(work / "small.nc", frames, features, 1)

@@ -180,9 +180,9 @@ def test_run_reader_training_and_validation_on_one_thread(synth_pair):
     plans = [make_plan(train, keep, 600, 1, e) for e in range(2)]
     threads = []                            # (thread ident, source) of every read
     for name, ds in (("train", train), ("val", val)):
-        def recorded(k, _load=ds.load_chunk, _name=name):
+        def recorded(k, buffers=None, _load=ds.load_chunk, _name=name):
             threads.append((threading.get_ident(), _name))
-            return _load(k)
+            return _load(k, buffers)
         ds.load_chunk = recorded
     rr = RunReader(train, val)
     try:
@@ -206,8 +206,111 @@ def test_run_reader_training_and_validation_on_one_thread(synth_pair):
                 payload = None
         assert rr.reader.loaded == 2 * (len(chunk_order(plans[0])) + len(val_chunks))
         assert rr.reader.max_resident_seen <= 2
+        # the consumers let go of each chunk before the next (the feed drops the payload
+        # of the batch it handed out last): never more than two buffers for the frames
+        largest = max(c.frames for d in (train, val) for c in d.chunks) * train.input_size * 4
+        assert rr.buffers.max_mapped_bytes <= 2 * _mapping(largest)
     finally:
         rr.close()
     assert len({ident for ident, _ in threads}) == 1        # one thread read both files
     assert {src for _, src in threads} == {"train", "val"}
     assert threads[0][0] == rr.reader._thread.ident and not rr.reader._thread.is_alive()
+
+
+def _varied_file(path, num_seqs=60, features=5, seed=3):
+    """A real .nc file of sequences of very different lengths (4 to 400 frames)."""
+    from rnntrain.data import ncdata
+    rng = np.random.default_rng(seed)
+    lengths = [int(n) for n in rng.integers(4, 400, num_seqs)]
+    seqs = [rng.standard_normal((n, features)).astype(np.float32) for n in lengths]
+    with ncdata.NcWriter(path, ["a", "b"], features, lengths, ["a b"] * num_seqs,
+                         [f"s{i}" for i in range(num_seqs)]) as w:
+        for x in seqs:
+            w.append(x)
+    return seqs
+
+
+def _mapping(nbytes: int) -> int:
+    """The bytes ChunkBuffers maps for a chunk of ``nbytes`` (with its headroom, in pages)."""
+    import mmap
+    from rnntrain.data.chunkbuf import HEADROOM
+    return -(-int(nbytes * (1 + HEADROOM)) // mmap.PAGESIZE) * mmap.PAGESIZE
+
+
+def test_chunk_buffers_bounded_across_chunks_of_differing_sizes(tmp_path):
+    """Many chunks of differing sizes through one reader: the frames are exact, and every
+    chunk lands in one of two buffers (counted from the arrays' own addresses) whose bytes
+    never exceed two of the largest chunk (computed from the chunk index) plus headroom,
+    however many chunks there are."""
+    from functools import partial
+    from rnntrain.data import chunkbuf
+    seqs = _varied_file(tmp_path / "v.nc")
+    ds = Dataset.open(str(tmp_path / "v.nc"), chunk_frames=700)
+    frames = [c.frames for c in ds.chunks]
+    assert len(frames) >= 12 and len(set(frames)) >= 8
+    buffers = chunkbuf.ChunkBuffers()
+    order = list(range(len(ds.chunks))) * 2          # two epochs: the largest chunk twice
+    starts = set()
+    with ChunkReader(partial(ds.load_chunk, buffers=buffers), order) as r:
+        for _ in order:
+            k, payload = r.next()
+            assert all(np.array_equal(payload[s], seqs[s]) for s in ds.chunks[k].seqs)
+            starts.add(payload[int(ds.chunks[k].seqs[0])].ctypes.data)
+            payload = None                           # released before the next chunk
+    largest = max(frames) * ds.input_size * 4
+    assert buffers.max_mapped_bytes <= 2 * _mapping(largest)
+    assert len(starts) <= buffers.maps  # distinct places: no more than mappings made
+
+
+def test_chunk_buffers_never_overwrite_a_chunk_still_held(tmp_path):
+    """A consumer that keeps a chunk's frames past its release (a view, a tensor made from
+    them) keeps them intact: the next chunks get another buffer, and once the chunk is let
+    go its buffer serves again, at most ``keep`` free ones kept."""
+    import torch
+    from functools import partial
+    from rnntrain.data import chunkbuf
+    seqs = _varied_file(tmp_path / "v.nc")
+    ds = Dataset.open(str(tmp_path / "v.nc"), chunk_frames=700)
+    buffers = chunkbuf.ChunkBuffers()
+    order = list(range(len(ds.chunks)))
+    with ChunkReader(partial(ds.load_chunk, buffers=buffers), order) as r:
+        k0, p0 = r.next()
+        held = torch.from_numpy(p0[int(ds.chunks[k0].seqs[0])])  # a tensor viewing it
+        view = p0[int(ds.chunks[k0].seqs[-1])][1:]
+        p0 = None
+        for _ in order[1:]:
+            k, payload = r.next()
+            assert all(np.array_equal(payload[s], seqs[s]) for s in ds.chunks[k].seqs)
+            payload = None
+        assert np.array_equal(held.numpy(), seqs[int(ds.chunks[k0].seqs[0])])
+        assert np.array_equal(view, seqs[int(ds.chunks[k0].seqs[-1])][1:])
+        assert buffers.maps >= 3         # the held chunk's buffer was not handed out
+        held = view = None
+    rows = buffers.take((10, ds.input_size))  # all free now: one reused, extra unmapped
+    assert len(buffers._blocks) <= buffers.keep and rows.shape == (10, ds.input_size)
+
+
+def test_read_rows_in_blocks_equals_one_read(tmp_path, monkeypatch):
+    """read_rows reads READ_BLOCK bytes at a time into its result: the same rows as one
+    netCDF read of the range, and an unwritten row is named (with the count of all such
+    rows in the range) whichever block it falls in."""
+    import netCDF4
+    from rnntrain.data import chunkbuf, ncdata
+    _varied_file(tmp_path / "v.nc")
+    with netCDF4.Dataset(tmp_path / "v.nc") as f:
+        want = np.asarray(f.variables["inputs"][37:2011, :])
+    monkeypatch.setattr(ncdata, "READ_BLOCK", 7 * 5 * 4)   # 7 rows a time
+    got = ncdata.read_rows(tmp_path / "v.nc", 37, 2011, chunkbuf.ChunkBuffers())
+    assert got.dtype == np.float32 and np.array_equal(got, want)
+    assert np.array_equal(ncdata.read_rows(tmp_path / "v.nc", 37, 2011), want)
+    with netCDF4.Dataset(tmp_path / "v.nc", "a") as f:   # two rows never written (fill)
+        v = f.variables["inputs"]
+        fill = ncdata.fill_value(v)
+        v[100, :] = fill
+        v[1500, :] = fill
+    with pytest.raises(DataError, match=r"row 100 \(and 1 more of rows 37:2011\) holds only "
+                                        r"the fill value"):
+        ncdata.read_rows(tmp_path / "v.nc", 37, 2011)
+    assert ncdata.first_nonfinite_row(want) is None
+    want[1500 - 37, 3] = np.inf
+    assert ncdata.first_nonfinite_row(want) == 1500 - 37

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from rnntrain.data import manifest, ncdata
+from rnntrain.data.chunkbuf import ChunkBuffers
 from rnntrain.errors import DataError, UserError, check_regular_file, file_problem
 from rnntrain.fsutil import verify_file
 
@@ -124,14 +125,16 @@ class Dataset:
         need = np.array([min_frames(t) for t in self.targets], dtype=np.int64)
         return out_len >= need
 
-    def load_chunk(self, k: int) -> dict[int, np.ndarray]:
-        """Read chunk k → {sequence id: (T_i, F) float32}. Call from the reader thread only."""
+    def load_chunk(self, k: int, buffers: ChunkBuffers | None = None) -> dict[int, np.ndarray]:
+        """Read chunk k → {sequence id: (T_i, F) float32}. Call from the reader thread only.
+        ``buffers``: the reader's (``rnntrain.data.chunkbuf``): the frames are views of one
+        of its mappings (no chunk-sized block in the heap); None: of a new array."""
         c = self.chunks[k]
         if c.sha256:
             verify_chunk(c)
         if c.checked:
             self.check_chunk(k)
-        rows = ncdata.read_rows(c.path, c.row_start, c.row_stop)
+        rows = ncdata.read_rows(c.path, c.row_start, c.row_stop, buffers)
         # offsets relative to the chunk; the sequences are contiguous in the file
         lens = self.rows[c.seqs]
         offs = np.concatenate([[0], np.cumsum(lens)])

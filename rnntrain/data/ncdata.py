@@ -35,12 +35,15 @@ import struct
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from rnntrain.errors import DataError, file_problem
 from rnntrain.fsutil import PendingWrite
+
+if TYPE_CHECKING:
+    from rnntrain.data.chunkbuf import ChunkBuffers
 
 NC_LOCK = threading.RLock()
 
@@ -297,37 +300,56 @@ def read_attrs(path) -> dict:
         return {k: ds.getncattr(k) for k in ds.ncattrs()}
 
 
-def read_rows(path, start: int, stop: int) -> np.ndarray:
-    """Rows [start, stop) of ``inputs`` as float32, shape (stop-start, F)."""
+READ_BLOCK = 4 * 2**20  # bytes: read_rows reads this much at a time into its result
+
+
+def read_rows(path, start: int, stop: int, buffers: ChunkBuffers | None = None) -> np.ndarray:
+    """Rows [start, stop) of ``inputs`` as float32, shape (stop-start, F): in a mapping of
+    ``buffers`` (``rnntrain.data.chunkbuf``), else in a new array. Read ``READ_BLOCK`` bytes
+    at a time, so the only other memory it takes is one block (whatever the row count)."""
     with NC_LOCK, _open(path) as ds:
         var = ds.variables["inputs"]
         var.set_auto_maskandscale(False)
-        try:
-            raw = np.asarray(var[start:stop, :])
-        except (OSError, RuntimeError, IndexError) as e:
-            raise DataError(path, f"cannot read rows {start}:{stop} ({e})", var="inputs") from None
+        n, width = stop - start, int(var.shape[1])
         # integer frames of one value (e.g. all-white image columns) are ordinary data:
         # only an explicit _FillValue counts there; a float frame of 9.97e36 never is
-        fill = fill_value(var) if raw.dtype.kind == "f" or "_FillValue" in var.ncattrs() \
+        fill = fill_value(var) if var.dtype.kind == "f" or "_FillValue" in var.ncattrs() \
             else None
-    bad = _unwritten_rows(raw, fill)
-    if len(bad):
-        raise DataError(path, f"row {start + int(bad[0])} (and {len(bad) - 1} more of rows "
+        out = buffers.take((n, width)) if buffers is not None \
+            else np.empty((n, width), np.float32)
+        step = max(1, READ_BLOCK // max(1, width * var.dtype.itemsize))
+        bad_first, bad_count = None, 0
+        for a in range(0, n, step):
+            b = min(n, a + step)
+            try:
+                raw = np.asarray(var[start + a:start + b, :])
+            except (OSError, RuntimeError, IndexError) as e:
+                raise DataError(path, f"cannot read rows {start}:{stop} ({e})",
+                                var="inputs") from None
+            if raw.shape[0] != b - a:
+                raise DataError(path, f"expected {n} rows at {start}, got "
+                                      f"{a + raw.shape[0]} (truncated file?)", var="inputs")
+            bad = _unwritten_rows(raw, fill)
+            if len(bad) and bad_first is None:
+                bad_first = a + int(bad[0])
+            bad_count += len(bad)
+            out[a:b] = raw
+    if bad_count:
+        raise DataError(path, f"row {start + bad_first} (and {bad_count - 1} more of rows "
                               f"{start}:{stop}) holds only the fill value {fill}: the "
                               "variable was never written there (an interrupted "
                               "conversion?)", var="inputs")
-    out = raw.astype(np.float32, copy=False)
-    if out.shape[0] != stop - start:
-        raise DataError(path, f"expected {stop - start} rows at {start}, got {out.shape[0]} "
-                              "(truncated file?)", var="inputs")
     return out
 
 
 def first_nonfinite_row(rows: np.ndarray) -> int | None:
     """Index of the first row of ``rows`` (R, F) holding a NaN or Inf, or None."""
-    if np.isfinite(rows).all():  # the common case: one vectorised pass, no index work
-        return None
-    return int(np.flatnonzero(~np.isfinite(rows).all(axis=1))[0])
+    step = max(1, READ_BLOCK // max(1, rows[:1].nbytes))  # bounded temporaries
+    for a in range(0, len(rows), step):
+        ok = np.isfinite(rows[a:a + step])
+        if not ok.all():  # the rare case: find the row
+            return a + int(np.flatnonzero(~ok.all(axis=1))[0])
+    return None
 
 
 def check_finite(path, rows: np.ndarray, offsets: np.ndarray, first: int,

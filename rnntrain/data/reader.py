@@ -8,7 +8,11 @@ is not complete yet. Every NetCDF call of a training process happens on this thr
 by the ``next()`` that wanted that chunk (the chunks before it are served as usual);
 ``close()`` joins the thread, mid-epoch too.
 The bound holds in memory when the consumer drops its references to the old payload
-before calling ``next()`` (the loader may start on the chunk after next at once).
+before calling ``next()`` (the loader may start on the chunk after next at once). The
+training run's and evaluation's loads read the frames into the two mappings of a
+``data.chunkbuf.ChunkBuffers`` (``Dataset.load_chunk(k, buffers)``), which serve each
+chunk again once the consumer has let go of the one before: chunk memory is then two
+buffers of the largest chunk, outside the heap, whatever the dataset's size.
 
 The order can grow while the reader runs (``extend``): a training run keeps one reader
 for all its epochs and its validation passes (``run.step.RunReader``), so the thread
@@ -79,6 +83,7 @@ class ChunkReader:
                 self.loaded += 1
                 self._ready[pos] = payload
                 self._cond.notify_all()
+            payload = None  # the consumer's from now on: the thread keeps no reference
             pos += 1
 
     def next(self) -> tuple[Hashable, dict]:

@@ -12,6 +12,7 @@ dealt share of every batch and the counts are summed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import numpy as np
@@ -20,6 +21,7 @@ import torch
 from rnntrain.compute.model import ctc_loss_sum
 from rnntrain.compute.pool import Task, WorkerPool, default_threads, intra_threads
 from rnntrain.compute.tasks import collate
+from rnntrain.data.chunkbuf import ChunkBuffers
 from rnntrain.data.plan import make_plan
 from rnntrain.data.reader import ChunkReader
 from rnntrain.decode.score import ErrorCounts, padded_as_strings, ragged_as_strings
@@ -200,7 +202,8 @@ def evaluate(model, ds, keep: np.ndarray, batch_frames: int, device: torch.devic
                           decode_threads=threads if workers == 1 else 1, vote=vote,
                           per_seq=per_seq)
     own = reader is None
-    reader = ChunkReader(ds.load_chunk, list(by_chunk)) if own else reader
+    reader = ChunkReader(partial(ds.load_chunk, buffers=ChunkBuffers()), list(by_chunk)) \
+        if own else reader
     try:
         # the pool sets the process-wide intra-op count: restored on the way out
         with intra_threads(torch.get_num_threads()), \

@@ -30,6 +30,7 @@ from rnntrain.compute.device import Fence, LossScaler, worker_start
 from rnntrain.compute.optim import lr_factor, set_lr
 from rnntrain.compute.pool import BatchTiming, Task, WorkerPool, split_tasks
 from rnntrain.compute.tasks import FlatGrad, Stat, TaskComputer, cost_model_for
+from rnntrain.data.chunkbuf import ChunkBuffers
 from rnntrain.data.plan import Batch, BatchPlanner, chunk_order
 from rnntrain.data.reader import ChunkReader
 from rnntrain.parallel.comm import Comm
@@ -46,7 +47,9 @@ class FedBatch:
     index: int                 # position in the epoch's plan
     epoch_len: int             # batches in the epoch's plan
     batch: Batch
-    payload: dict              # sequence id → frames (T_i, F), the batch's whole chunk
+    payload: dict | None       # sequence id → frames (T_i, F), the batch's whole chunk;
+    # set to None by the feed when it moves on to the next chunk (the frames are views of
+    # a reader buffer that then serves another chunk: see rnntrain.data.chunkbuf)
     wait_s: float              # time the loop waited for the chunk reader
     upcoming: tuple | None = None  # the next batch's sequences (split while this one runs)
 
@@ -63,18 +66,20 @@ class EpochFeed:
                  reader: "_Stream | None" = None):
         self.plan, self.epoch, self.start, self.first_step = plan, epoch, start, first_step
         self._own = reader is None
-        self.reader = ChunkReader(ds.load_chunk, chunk_order(plan[start:])) if self._own \
-            else reader
+        self.reader = ChunkReader(partial(ds.load_chunk, buffers=ChunkBuffers()),
+                                  chunk_order(plan[start:])) if self._own else reader
         self.wait_s = 0.0
 
     def __iter__(self) -> Iterator[FedBatch]:
-        chunk, payload = None, None
+        chunk, payload, fed = None, None, None
         for i in range(self.start, len(self.plan)):
             batch = self.plan[i]
             trace.begin_step(self.first_step + i - self.start)
             t0 = time.perf_counter()
             if batch.chunk != chunk:
                 payload = None  # drop the old chunk: at most two are resident
+                if fed is not None:  # the consumer's last batch holds it too
+                    fed.payload = None
                 if chunk is not None:  # a switch inside the epoch (single-chunk data: never)
                     allocator.trim()  # what the steps on it left free (compute.allocator)
                 t = time.perf_counter()
@@ -82,8 +87,9 @@ class EpochFeed:
                 self.wait_s += time.perf_counter() - t
                 assert chunk == batch.chunk, "reader out of plan order"
             upcoming = self.plan[i + 1].seqs if i + 1 < len(self.plan) else None
-            yield FedBatch(self.epoch, i, len(self.plan), batch, payload,
+            fed = FedBatch(self.epoch, i, len(self.plan), batch, payload,
                            time.perf_counter() - t0, upcoming)
+            yield fed
 
     def close(self):
         if self._own:
@@ -114,11 +120,12 @@ class RunReader:
 
     def __init__(self, train_ds, val_ds=None):
         self._sources = {"train": train_ds, "val": val_ds}
+        self.buffers = ChunkBuffers()  # the chunks' frames, both sources (rnntrain.data.chunkbuf)
         self.reader = ChunkReader(self._load)
 
     def _load(self, key: tuple[str, int]) -> dict:
         source, k = key
-        return self._sources[source].load_chunk(k)
+        return self._sources[source].load_chunk(k, self.buffers)
 
     def queue(self, source: str, chunks):
         """Append ``source``'s ("train" or "val") chunk ids to the order served."""
