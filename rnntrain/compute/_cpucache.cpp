@@ -8,10 +8,10 @@
 //
 // - a request >= threshold bytes is rounded up to whole pages; a cached block last asked
 //   for the same size is reused as it is (a hit: the same shape touches the same pages);
-//   else the smallest cached block at least that large and at most 1/fit_div larger, else
-//   the smallest larger one shrunk with mremap (its tail unmapped), else the largest smaller
-//   one grown (only the difference is new, faulted in when touched): a remap; else a fresh
-//   mapping (a miss). On a remap the pages the last user touched and the next will likely
+//   else the smallest cached block at least that large and at most 1/fit_div larger, kept
+//   whole (a fit), else the smallest larger one shrunk with mremap (its tail unmapped), else
+//   the largest smaller one grown (only the difference is new, faulted in when touched): a
+//   remap; else a fresh mapping (a miss). Each path counts the bytes its users fault in. On a remap the pages the last user touched and the next will likely
 //   not are dropped first (drop_stale: oneDNN's LSTM workspace is touched only in part);
 // - a free puts the block on the cache with its page map (mincore);
 // - the bound is on the process's resident size (VmRSS, /proc/self/statm). Without the
@@ -62,7 +62,20 @@ struct Cached {
 
 enum Stat {
   kLive, kCached, kCachedResident, kPeakLive, kBasePeak, kRssPeak, kHits, kRemaps, kMisses,
-  kDroppedBytes, kEvictions, kEvictedBytes, kReleasedBytes, kThreshold, kSlack, kNStats
+  kDroppedBytes, kEvictions, kEvictedBytes, kReleasedBytes, kThreshold, kSlack,
+  kFits, kFaultedHits, kFaultedFits, kFaultedRemaps, kFaultedMisses, kNStats
+};
+
+// How a block was handed out: the same asked size; another size, the block kept whole (up
+// to 1/fit_div larger); resized (mremap); mapped fresh. Each has its count and the bytes
+// its users faulted in (kFaultedHits + path).
+enum Path { kPathHit, kPathFit, kPathRemap, kPathMiss };
+
+struct Live {
+  size_t bytes;     // mapped
+  size_t asked;     // by its user
+  size_t resident;  // in memory when handed out (after drop_stale)
+  Path path;
 };
 
 void delete_block(void* ptr);
@@ -127,6 +140,7 @@ class LargeCache final : public c10::Allocator {
     Cached src{nullptr, 0, 0, 0, 0, {}};
     std::shared_ptr<const Cached> like;  // the pattern to keep, for another size
     std::vector<Cached> evict;
+    Path path = kPathMiss;
     {
       std::lock_guard<std::mutex> g(mu_);
       // a hit: a block last used for the same size (the same shape touches the same pages);
@@ -152,7 +166,8 @@ class LargeCache final : public c10::Allocator {
         cached_.erase(cached_.begin() + pick);
         stats_[kCached] -= src.bytes;
         stats_[kCachedResident] -= src.resident;
-        stats_[same >= 0 ? kHits : kRemaps] += 1;
+        path = same >= 0 ? kPathHit : (fit >= 0 ? kPathFit : kPathRemap);
+        stats_[path == kPathHit ? kHits : (path == kPathFit ? kFits : kRemaps)] += 1;
         if (fit >= 0) want = src.bytes;  // kept whole
         if (same < 0) {  // the recent free of the nearest size (within 1/4), else itself
           double best = 0.25;
@@ -187,8 +202,15 @@ class LargeCache final : public c10::Allocator {
       }
     }
     for (const Cached& c : evict) munmap(c.ptr, c.bytes);
+    size_t kept = 0;  // bytes of the block in memory as it is handed out
+    if (src.ptr != nullptr) {
+      size_t upto = std::min(src.bytes, want) / kPage;
+      for (size_t q = 0; q < upto; ++q) kept += src.map[q];
+      kept *= kPage;
+    }
     if (src.ptr != nullptr && src.asked != n) {
       size_t dropped = drop_stale(src, like ? *like : src, n, want);
+      kept -= std::min(kept, dropped);
       std::lock_guard<std::mutex> g(mu_);
       stats_[kDroppedBytes] += dropped;
     }
@@ -203,6 +225,7 @@ class LargeCache final : public c10::Allocator {
       }
     }
     if (p == nullptr) {
+      kept = 0;
       p = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (p == MAP_FAILED) {
         std::lock_guard<std::mutex> g(mu_);
@@ -213,31 +236,32 @@ class LargeCache final : public c10::Allocator {
     }
     {
       std::lock_guard<std::mutex> g(mu_);
-      live_[p] = {want, n};
+      live_[p] = {want, n, kept, path};
     }
     return {p, p, &delete_block, c10::Device(c10::DeviceType::CPU)};
   }
 
   // false when ptr is not a live large block (then it is the base allocator's)
   bool free_large(void* ptr) {
-    size_t bytes, asked;
+    Live b;
     {
       std::lock_guard<std::mutex> g(mu_);
       auto it = live_.find(ptr);
       if (it == live_.end()) return false;
-      bytes = it->second.first;
-      asked = it->second.second;
+      b = it->second;
       live_.erase(it);
     }
     size_t resident = 0;
-    auto map = resident_map(ptr, bytes, &resident);  // nobody else holds it now
+    auto map = resident_map(ptr, b.bytes, &resident);  // nobody else holds it now
     std::lock_guard<std::mutex> g(mu_);
     history_[seq_ % history_.size()] = std::make_shared<const Cached>(
-        Cached{nullptr, bytes, resident, asked, seq_, map});
-    cached_.push_back({ptr, bytes, resident, asked, ++seq_, std::move(map)});
-    stats_[kLive] -= bytes;
-    stats_[kCached] += bytes;
+        Cached{nullptr, b.bytes, resident, b.asked, seq_, map});
+    cached_.push_back({ptr, b.bytes, resident, b.asked, ++seq_, std::move(map)});
+    stats_[kLive] -= b.bytes;
+    stats_[kCached] += b.bytes;
     stats_[kCachedResident] += resident;
+    // what its user faulted in (a page dropped as stale and touched again counts once)
+    stats_[kFaultedHits + b.path] += resident > b.resident ? resident - b.resident : 0;
     sample();
     return true;
   }
@@ -314,7 +338,7 @@ class LargeCache final : public c10::Allocator {
   size_t fit_div_ = 8;
   size_t ahead_pct_ = 100;  // % of a new block's pages not yet resident counted in the bound
   std::mutex mu_;
-  std::unordered_map<void*, std::pair<size_t, size_t>> live_;  // bytes held, asked
+  std::unordered_map<void*, Live> live_;
   std::vector<Cached> cached_;
   std::vector<std::shared_ptr<const Cached>> history_{32};  // the last frees' patterns
   uint64_t seq_ = 0;
@@ -353,7 +377,9 @@ int rnntrain_cpucache_nstats() { return kNStats; }
 // bytes live, cached, cached and resident, peak live; base's peak (the resident size less
 // the cached free blocks), the resident size's peak, both as sampled at large allocations
 // and frees; hits, remaps, misses, bytes dropped as stale, evictions, bytes evicted, bytes released by
-// release_cached; threshold, slack
+// release_cached; threshold, slack; fits (another size, the block kept whole); the bytes
+// faulted in by the users of hits, fits, remaps and misses (resident at free less resident
+// when handed out)
 void rnntrain_cpucache_stats(uint64_t* out) {
   if (g_cache == nullptr) {
     std::fill(out, out + kNStats, 0);

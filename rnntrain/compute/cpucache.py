@@ -41,7 +41,7 @@ SOURCE = Path(__file__).with_name("_cpucache.cpp")
 ENV = "RNNTRAIN_CPUCACHE"
 STATS = ("live", "cached", "cached_resident", "peak_live", "base_peak", "rss_peak", "hits",
          "remaps", "misses", "dropped_bytes", "evictions", "evicted_bytes", "released_bytes", "threshold",
-         "slack")
+         "slack", "fits", "faulted_hits", "faulted_fits", "faulted_remaps", "faulted_misses")
 _lib: ctypes.CDLL | None = None
 
 
