@@ -15,7 +15,8 @@ after the other in each round (A B C A B C ...). Each JSON line: the last epoch'
 (``fps``) and the mean over all epochs but the first (``timed_fps``, as ``bench flops``
 reports it), peak RSS
 (``VmHWM``, bench.workloads.PEAK_RSS_CODE), minor faults, user and system CPU seconds of
-the training process. On a shared machine compare within a round only; the CPU seconds
+the training process, and under ``capped`` the large-block cache's books (``cpucache.stats()``:
+hits, fits, remaps, misses and the bytes each path's users faulted in). On a shared machine compare within a round only; the CPU seconds
 (user + system) are the load-robust cost: user time hardly changes with the policy, the
 system time is the kernel zeroing pages faulted in again. docs/benchmarks.md, "Peak RSS by
 allocator policy", has the figures.
