@@ -192,9 +192,14 @@ def test_run_reader_training_and_validation_on_one_thread(synth_pair):
             if e + 1 < len(plans):
                 rr.queue("train", chunk_order(plans[e + 1]))
             feed = EpochFeed(train, plan, e, 0, 0, rr.stream("train"))
+            prev = None
             for fed in feed:
                 assert all(np.array_equal(fed.payload[s], truth["train"][s])
                            for s in fed.batch.seqs)
+                if prev is not None:  # at a switch the feed took the old chunk back
+                    assert (prev.payload is None) == (prev.batch.chunk != fed.batch.chunk)
+                prev = fed
+            prev = None
             fed = None
             feed.close()  # a feed on the run's reader leaves it running for validation
             assert rr.reader._thread.is_alive()
