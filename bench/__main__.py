@@ -37,7 +37,7 @@ SECTIONS = [
     ("threads", "Thread scaling", 360),
     ("validation", "Validation and eval throughput", 150),
     ("ranks", "Rank scaling (MPI, torch.distributed)", 480),
-    ("reader", "Reader throughput and data wait", 150),
+    ("reader", "Reader throughput and data wait", 360),
     ("stragglers", "Stragglers and load balance", 15),
     ("gpu", "GPU", 15),
     ("checkpoint", "Checkpoint", 20),
