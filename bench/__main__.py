@@ -46,7 +46,7 @@ SECTIONS = [
     ("infer", "Inference", 60),
     ("augment", "Augmentation cost", 300),
 ]
-TOTAL_BUDGET_S = 81 * 60
+TOTAL_BUDGET_S = 85 * 60  # the sum of the budgets above, rounded up
 NOT_SECTIONS = {"__init__", "__main__", "workloads"}
 
 
