@@ -195,6 +195,58 @@ def test_training_average_resumes_exactly(tmp_path, data, kind):
         assert torch.equal(net.state_dict()[k], v), k
 
 
+def test_a_deferred_average_step_equals_the_immediate_one():
+    """``step_later`` (applied by ``flush`` or by any read of the average, before the
+    weights change again) gives bit for bit the average of ``step`` after each change."""
+    net = ckpt.load_model(OLD)[0]
+    now, later = WeightAverage(net, "ema", decay=0.8), WeightAverage(net, "ema", decay=0.8)
+    reads = [lambda: later.flush(), lambda: later.weights(), lambda: later.state_dict(),
+             lambda: later.swap_out(later.swap_in()), lambda: later.end_epoch(),
+             lambda: (later.step_later(), now.step())]  # a second step on the same weights
+    for n, read in enumerate(reads * 2):
+        with torch.no_grad():
+            for p in net.parameters():
+                p.mul_(1.01).add_(0.003 * (n + 1))
+        now.step()
+        later.step_later()
+        assert not torch.equal(now.avg["out.weight"], later.avg["out.weight"])  # pending
+        read()
+        later.flush()
+        for k in now.avg:
+            assert torch.equal(now.avg[k], later.avg[k]), (n, k)
+    assert later.state_dict()["count"] == now.count == 14
+
+
+def test_training_applies_the_average_later_with_the_same_bits(tmp_path, data, monkeypatch):
+    """Two CPU workers: the runner applies each step's average during the next step
+    (``StepRunner._average_later``); a run that applies it right after each step (the
+    serial reference) ends with the same average and weights, bit for bit."""
+    from rnntrain.run.step import StepRunner
+    init, runners = StepRunner.__init__, []
+
+    def record(self, *a, **k):
+        init(self, *a, **k)
+        runners.append(self)
+        if immediate:
+            self._average_later = False
+    monkeypatch.setattr(StepRunner, "__init__", record)
+    ov = ["train.average=ema", "train.ema_decay=0.7", f"data.val={data[0]}",
+          "train.epochs=2", "compute.threads=2"]
+    out = {}
+    for immediate in (False, True):
+        run = RunFolder(train_here(None, *overrides(data[0], tmp_path / str(immediate), *ov)))
+        assert runners[-1].averager is not None and runners[-1].workers == 2
+        assert runners[-1]._average_later == (not immediate)
+        out[immediate] = ckpt.read(run.last), ckpt.read(run.best)
+    for a, b in zip(out[False], out[True]):
+        assert a.parts["average"]["count"] == b.parts["average"]["count"] >= 4
+        for part in ("model", "average"):
+            x = a.parts[part]["avg"] if part == "average" else a.parts[part]
+            y = b.parts[part]["avg"] if part == "average" else b.parts[part]
+            for k in x:
+                assert torch.equal(x[k], y[k]), (part, k)
+
+
 def test_fine_tuning_starts_from_the_weights_validation_scored(tmp_path, data):
     """A run that kept a weight average (validation scored the average): fine-tuning from
     it starts from the average, as transcribe would use it, not the raw trained weights."""

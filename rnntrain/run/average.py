@@ -14,6 +14,10 @@
 
 Every update is a fixed sequence of float32 tensor operations on the weights, which are
 equal on every rank: the average is the same whatever the thread count and on every rank.
+The trainer may apply a step's update later (``step_later``, then ``flush``): while the
+workers compute the next step, when the weights are still the ones this step left; every
+read of the average (``weights``, ``swap_in``, ``state_dict``, ``end_epoch``) flushes
+first, so nothing ever sees an average that lags the weights.
 """
 from __future__ import annotations
 
@@ -82,23 +86,38 @@ class WeightAverage:
         self.count = 0                       # updates so far (ema: steps; last: epochs)
         self.avg = {k: v.detach().clone().float() for k, v in self._weights().items()}
         self.snaps: list[dict] = []          # "last": the weights at the last epoch ends
+        self._due: float | None = None       # a ``step_later``'s factor d, not applied yet
 
     def _weights(self) -> dict:
         return {k: v for k, v in self.model.state_dict().items() if v.is_floating_point()}
 
-    @torch.no_grad()
     def step(self):
         """After an optimizer step ("ema")."""
+        self.step_later()
+        self.flush()
+
+    def step_later(self):
+        """``step``, applied by the next ``flush`` (or read of the average), which must
+        come before the weights change again."""
         if self.kind != "ema":
             return
-        d = min(self.decay, (1 + self.count) / (10 + self.count))
+        self.flush()
+        self._due = min(self.decay, (1 + self.count) / (10 + self.count))
+        self.count += 1
+
+    @torch.no_grad()
+    def flush(self):
+        """Apply a pending ``step_later`` to the weights as they are now."""
+        if self._due is None:
+            return
+        d, self._due = self._due, None
         for k, w in self._weights().items():
             self.avg[k].mul_(d).add_(w.float(), alpha=1 - d)
-        self.count += 1
 
     @torch.no_grad()
     def end_epoch(self):
         """After an epoch ("last")."""
+        self.flush()
         if self.kind != "last":
             return
         self.snaps = (self.snaps + [{k: w.detach().float().clone()
@@ -113,6 +132,7 @@ class WeightAverage:
     def weights(self) -> dict:
         """The averaged weights, a state dict for the model (its other entries as they
         are)."""
+        self.flush()
         sd = dict(self.model.state_dict())
         for k, v in self.avg.items():
             sd[k] = v.to(sd[k].dtype)
@@ -128,6 +148,7 @@ class WeightAverage:
         self.model.load_state_dict(own)
 
     def state_dict(self) -> dict:
+        self.flush()
         return {"kind": self.kind, "count": self.count,
                 "avg": {k: v.cpu() for k, v in self.avg.items()},
                 "snaps": [{k: v.cpu() for k, v in s.items()} for s in self.snaps]}
@@ -138,6 +159,6 @@ class WeightAverage:
         dev = next(iter(self.avg.values())).device if self.avg else torch.device("cpu")
         if set(d["avg"]) != set(self.avg):
             raise ValueError("the averaged weights do not fit this model")
-        self.count = int(d["count"])
+        self.count, self._due = int(d["count"]), None
         self.avg = {k: v.to(dev) for k, v in d["avg"].items()}
         self.snaps = [{k: v.to(dev) for k, v in s.items()} for s in d["snaps"]]

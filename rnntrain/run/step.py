@@ -12,6 +12,9 @@ A step, in order (``StepRunner.run``):
   lr         the schedule's learning rate for this step
   update     the optimizer step, skipped on NaN/Inf without a host read (masked)
   publish    master mode: rank 0's weights (and stop verdict) to every rank
+  average    the weight average's update (``train.average = "ema"``); with CPU worker
+             threads it is applied during the next step, on the core of the first worker
+             left without a task (the weights do not change until that step's update)
 and returns a ``StepResult``. The loop (``run.train``) sees batches in and figures out.
 """
 from __future__ import annotations
@@ -178,12 +181,14 @@ class StepRunner:
     batch, ``close`` at the end. ``cfg``: the whole Config (train, compute, optim, dist sections);
     ``planner``: the run's ``BatchPlanner`` (its dataset, and the ``round_lengths`` the
     tasks pad with, so the planner's budget and the tasks' padding always agree);
-    ``augment``: the training augmentation the workers apply (None: off).
+    ``augment``: the training augmentation the workers apply (None: off); ``averager``: the
+    run's ``WeightAverage`` (None: none), updated after every step.
     """
 
     def __init__(self, cfg, model, opt: torch.optim.Optimizer, comm: Comm, device: torch.device,
                  workers: int, planner: BatchPlanner, total_steps: int,
-                 scaler: LossScaler | None = None, augment: Augmenter | None = None):
+                 scaler: LossScaler | None = None, augment: Augmenter | None = None,
+                 averager=None):
         tc = cfg.train
         self.cfg, self.opt, self.device, self.ds = cfg, opt, device, planner.ds
         self.workers, self.total_steps = workers, total_steps
@@ -205,6 +210,11 @@ class StepRunner:
         # (P,) 0 for the parameters train.freeze names, 1 elsewhere; None: none frozen
         self.grad_mask: torch.Tensor | None = None
         self._ahead: tuple[tuple, list] | None = None  # (sequences, their task split)
+        self.averager = averager
+        # CPU worker threads: the average's update waits for a core a worker has left in
+        # the next step (0.4-0.6 ms a step of the default model on the main thread, with
+        # both cores idle, otherwise; docs/threads.md, "The update and the reverse")
+        self._average_later = averager is not None and device.type == "cpu" and workers > 1
 
     def start(self, model, state: TrainState) -> TrainState:
         """Every rank: rank 0's weights, optimizer and training state (checksummed), then
@@ -230,10 +240,15 @@ class StepRunner:
         self.computer.begin_step(len(tasks), (tc.seed, fed.epoch, fed.index), want_errors,
                                  overlap)
         self.pool.submit(tasks)
-        if fed.upcoming is not None:  # while the workers compute: the next batch's split,
-            # on the core of the first worker left without a task (it holds the GIL)
+        if fed.upcoming is not None or self._average_later:
+            # while the workers compute, on the core of the first worker left without a
+            # task (Python here holds the GIL): the next batch's split, and the last
+            # step's weight average (the weights are read-only until this step's update)
             self.pool.wait_for_a_free_worker()
-            self._ahead = (fed.upcoming, self.split(fed.upcoming))
+            if fed.upcoming is not None:
+                self._ahead = (fed.upcoming, self.split(fed.upcoming))
+            if self.averager is not None:
+                self.averager.flush()
         fences, timing = self.pool.wait()  # returns at the barrier
         t2 = time.perf_counter()
         if overlap is None:
@@ -248,10 +263,16 @@ class StepRunner:
         scale = self.scaler.scale if self.scaler.enabled else None  # device-side: no read
         norm, finite = self.flat.normalize_and_clip(oc.normalize, oc.clip_norm, scale)
         set_lr(self.opt, oc.lr * lr_factor(oc, step, fed.epoch_len, self.total_steps))
+        if self.averager is not None:
+            self.averager.flush()  # (done above; a must before the weights change)
         self.exch.apply_update(self.opt, finite)  # skipped on NaN/Inf; master: rank 0 only
         # an fp16 overflow the scale can still back off from is not a failing step
         self.bad.add(finite | self.scaler.update(finite, self.flat.stats_tensor[Stat.LOSS]))
         stop = self.exch.publish(step + 1)  # master mode: rank 0's weights to all
+        if self._average_later:  # applied in the next step, or when the average is read
+            self.averager.step_later()
+        elif self.averager is not None:
+            self.averager.step()
         t5 = time.perf_counter()
         t0 = t1 - fed.wait_s
         trace.phases(step, (t0, t1, t2, t3, t4, t5), seqs=len(seqs))

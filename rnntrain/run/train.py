@@ -192,7 +192,7 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
         state.precision = choice.precision if cfg.compute.precision == "auto" else None
         runner = StepRunner(precision.with_precision(cfg, choice.precision), model, opt,
                             comm, device, workers, planner, steps_per_epoch * tc.epochs,
-                            augment=augment)
+                            augment=augment, averager=averager)
         runner.grad_mask = finetune.gradient_mask(
             model, [p for p in model.parameters() if id(p) in frozen], device)
         rerank_note = state.on_ranks(comm.size)
@@ -246,9 +246,7 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
                 log_now = (state.step + 1) % cfg.log.every_steps == 0 or last
                 res = runner.run(fed, state.step, want_errors=every == 1 or log_now,
                                  stop=stop.requested)  # GPU: LER on logging steps only
-                state.advance(fed.index + 1)
-                if averager is not None:
-                    averager.step()
+                state.advance(fed.index + 1)  # (the runner updates the weight average)
                 window.add(res, padding_ratio([fed.batch], train_ds.lengths))
                 bar.update(1)
                 if state.step % every == 0 or last:
