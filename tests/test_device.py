@@ -123,6 +123,27 @@ def test_normalize_and_clip_against_numpy():
     flat.buf.copy_(torch.from_numpy(np.concatenate([g, [4.5, 3, 40, 2, 9]]).astype(np.float32)))
     norm, finite = flat.normalize_and_clip("frames", clip_norm=1e6)
     np.testing.assert_allclose(flat.grad.numpy(), g / 40, rtol=1e-6)
+    # bit for bit the division alone (the multiply by exactly 1 is skipped on the CPU)
+    assert np.array_equal(flat.grad.numpy().view(np.int32), (g / np.float32(40)).view(np.int32))
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4])
+def test_reduce_tasks_is_the_left_fold_in_task_order(n):
+    """The reduce sums the task buffers as ((b0 + b1) + b2) + ...: bit for bit numpy's
+    float32 left fold (an empty batch: zeros)."""
+    rng = np.random.default_rng(n)
+    params = [torch.nn.Parameter(torch.zeros(1000)), torch.nn.Parameter(torch.zeros(3, 7))]
+    flat = FlatGrad(params, CPU)
+    flat.buf.fill_(7.0)  # what the last step left
+    bufs = [rng.normal(size=1021 + 5).astype(np.float32) * 10 ** rng.uniform(-3, 3, 1026)
+            .astype(np.float32) for _ in range(n)]
+    flat.reduce_tasks([torch.from_numpy(b) for b in bufs])
+    want = np.zeros(1026, np.float32)
+    if bufs:
+        want = bufs[0].copy()
+        for b in bufs[1:]:
+            want = want + b
+    assert np.array_equal(flat.buf.numpy().view(np.int32), want.view(np.int32))
 
 
 def test_nonfinite_loss_or_gradient_is_flagged_on_device():

@@ -246,12 +246,14 @@ class FlatGrad:
         """Sum the task buffers (gradients and figures) in task order: deterministic."""
         for f in fences or ():
             f.wait()
-        if buffers:
+        if len(buffers) > 1:  # b0 + b1 in one pass (a copy, then an add, was two)
+            torch.add(buffers[0], buffers[1], out=self.buf)
+        elif buffers:
             self.buf.copy_(buffers[0])      # one pass less than zero_ + add_
-            for b in buffers[1:]:
-                self.buf.add_(b)
         else:
             self.buf.zero_()
+        for b in buffers[2:]:
+            self.buf.add_(b)
 
     @property
     def stats_tensor(self) -> torch.Tensor:
@@ -281,5 +283,9 @@ class FlatGrad:
         norm = torch.linalg.vector_norm(self.grad)
         finite = torch.isfinite(norm) & torch.isfinite(tail[Stat.LOSS])
         if clip_norm:  # factor min(1, clip / norm): a multiply by exactly 1 below the limit
-            self.grad.mul_((clip_norm / (norm + 1e-6)).clamp(max=1.0))
+            factor = (clip_norm / (norm + 1e-6)).clamp(max=1.0)
+            # on the CPU reading it is free, and a multiply by 1 changes no bit: skip its
+            # pass over the gradient (on a GPU the read would wait for the queue)
+            if self.grad.device.type != "cpu" or float(factor) != 1.0:
+                self.grad.mul_(factor)
         return norm, finite
