@@ -175,11 +175,13 @@ def test_weight_average_follows_its_formula():
     assert torch.equal(again.weights()[key], ema.weights()[key]) and again.count == 4
 
 
-@pytest.mark.parametrize("kind", ["ema", "last"])
-def test_training_average_resumes_exactly(tmp_path, data, kind):
+@pytest.mark.parametrize("kind,threads", [("ema", 1), ("last", 1), ("ema", 2)])
+def test_training_average_resumes_exactly(tmp_path, data, kind, threads):
     """2 epochs straight vs 1 epoch, then resumed to 2: the same average, the same
-    best.pt; inference reads the average."""
-    ov = [f"train.average={kind}", "train.average_last=2", f"data.val={data[0]}"]
+    best.pt; inference reads the average. (2 worker threads: each step's average is applied
+    during the next step, ``StepRunner``; a checkpoint holds it applied.)"""
+    ov = [f"train.average={kind}", "train.average_last=2", f"data.val={data[0]}",
+          f"compute.threads={threads}"]
     straight = RunFolder(train_here(None, *overrides(data[0], tmp_path / "s", *ov,
                                                      "train.epochs=2")))
     first = RunFolder(train_here(None, *overrides(data[0], tmp_path / "p", *ov)))
