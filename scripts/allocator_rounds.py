@@ -16,7 +16,9 @@ after the other in each round (A B C A B C ...). Each JSON line: the last epoch'
 reports it), peak RSS
 (``VmHWM``, bench.workloads.PEAK_RSS_CODE), minor faults, user and system CPU seconds of
 the training process, and under ``capped`` the large-block cache's books (``cpucache.stats()``:
-hits, fits, remaps, misses and the bytes each path's users faulted in). On a shared machine compare within a round only; the CPU seconds
+hits, fits, remaps, misses and the bytes each path's users faulted in, the page moves and the
+bytes moved; ``capped:move=0`` is ``capped`` without page moves, as where userfaultfd is
+missing). On a shared machine compare within a round only; the CPU seconds
 (user + system) are the load-robust cost: user time hardly changes with the policy, the
 system time is the kernel zeroing pages faulted in again. docs/benchmarks.md, "Peak RSS by
 allocator policy", has the figures.
@@ -47,6 +49,7 @@ if spec.get("base") in ("cache", "capped"):
     cpucache.SLACK = int(float(spec.get("slack", cpucache.SLACK / 2**20)) * 2**20)
     cpucache.FIT_DIV = int(spec.get("fit", cpucache.FIT_DIV))
     cpucache.AHEAD = int(spec.get("ahead", cpucache.AHEAD))
+    cpucache.MOVE = spec.get("move", "1") != "0"
     assert allocator.configure(spec["base"])
     if spec.get("heap") == "keep":  # under capped: glibc's part as under cache
         libc = ctypes.CDLL("libc.so.6")
@@ -77,7 +80,7 @@ sys.exit(rc)
 def run(cfg: Path, variant: str, threads: int, run_dir: Path, epochs: int = 2) -> dict:
     name = variant.removesuffix("+huge")
     spec = {"system": "", "cache": "base=cache", "capped": "base=capped"}.get(name, name)
-    if name.startswith("capped:"):  # the cache's own settings: capped:cthr=MiB,slack=MiB,fit=N,ahead=%,heap=keep
+    if name.startswith("capped:"):  # the cache's own settings: capped:cthr=MiB,slack=MiB,fit=N,ahead=%,heap=keep,move=0
         spec = "base=capped," + name.split(":", 1)[1]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     if variant.endswith("+huge"):

@@ -333,3 +333,116 @@ def test_env_path_loads_a_library_built_elsewhere_and_a_build_prunes_old_ones(tm
     assert r["stats"]["hits"] + r["stats"]["fits"] + r["stats"]["remaps"] >= 1 \
         and r["stats"]["live"] == 2**24, r
     assert not empty.exists()
+
+
+# Page moves (userfaultfd UFFDIO_MOVE): two "workspaces" per task as oneDNN's LSTM writes
+# them, W (a lower layer's) and D (the upper one's), 48 MiB each: the forward writes the
+# first 16 MiB, the backward (grad mode off) the next 16 MiB, D's before W's; the rest is
+# never touched. From the second task on, D's backward part is moved into W's when D is
+# freed, so writing W's backward part faults nothing (getrusage), and W's backward part was
+# not resident while D's was written (VmRSS there: the peak), all contents as written.
+MOVES = """
+import json, resource, torch
+from rnntrain.compute import cpucache
+assert cpucache.install(threshold=2**20) is None
+MiB = 2**20
+def flt():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+def rss():
+    for ln in open("/proc/self/status"):
+        if ln.startswith("VmRSS:"):
+            return int(ln.split()[1]) * 1024
+def task(k):
+    w = torch.empty(48 * MiB, dtype=torch.uint8)
+    w[:16 * MiB].fill_(k)
+    d = torch.empty(48 * MiB, dtype=torch.uint8)
+    d[:16 * MiB].fill_(k + 1)
+    with torch.no_grad():                           # the backward
+        x = torch.empty(2 * MiB, dtype=torch.uint8).fill_(0)
+        d[16 * MiB:32 * MiB].fill_(k + 2)
+        peak = rss()
+        ok = bool((d[:16 * MiB] == k + 1).all()) and bool((d[16 * MiB:32 * MiB] == k + 2).all())
+        s0 = cpucache.stats()
+        del d
+        f0 = flt()
+        ok &= bool((w[:16 * MiB] == k).all())
+        w[16 * MiB:32 * MiB].fill_(k + 3)
+        f1 = flt()
+        ok &= bool((w[16 * MiB:32 * MiB] == k + 3).all()) and bool((w[:16 * MiB] == k).all())
+        s1 = cpucache.stats()
+        del w, x
+    return dict(ok=ok, faults=f1 - f0, peak=peak,
+                moved=s1["moved_bytes"] - s0["moved_bytes"])
+base = rss()
+out = [task(k) for k in range(4)]
+print(json.dumps(dict(out=out, base=base, moves=cpucache.moves(), stats=cpucache.stats())))
+"""
+
+
+def _moves_available() -> str | None:
+    """None where this kernel moves pages (a probe in a fresh process), else why not."""
+    code = ("import json, torch\nfrom rnntrain.compute import cpucache\n"
+            "why = cpucache.install()\nprint(json.dumps(why or cpucache.moves()))")
+    return _run(code)
+
+
+@needs_cxx
+def test_pages_written_in_a_backward_move_into_the_next_workspace():
+    why = _moves_available()
+    if why is not None:
+        pytest.skip(f"no page moves here: {why}")
+    on = _run(MOVES)
+    off = _run(MOVES, env={"RNNTRAIN_CPUCACHE_MOVE": "off"})
+    assert on["moves"] is None and off["moves"] == "RNNTRAIN_CPUCACHE_MOVE=off"
+    assert all(t["ok"] for t in on["out"] + off["out"]), (on, off)
+    pages = 16 * 2**20 // 4096
+    first, *later = on["out"]
+    assert first["moved"] == 0 and first["faults"] >= pages * 9 // 10, first  # no pattern yet
+    for t in later:  # D's backward part moved into W's: written without a fault
+        assert t["moved"] == 16 * 2**20 and t["faults"] < pages // 10, t
+    assert on["stats"]["moved_bytes"] == 3 * 16 * 2**20 and on["stats"]["moving"] == 1
+    assert off["stats"]["moved_bytes"] == 0 and off["stats"]["moving"] == 0
+    for t in off["out"][1:]:  # without moves W is reused whole: no faults either ...
+        assert t["moved"] == 0 and t["faults"] < pages // 10, t
+    # ... but its backward part is resident at the peak (D's backward being written)
+    for a, b in zip(on["out"][1:], off["out"][1:]):
+        assert (b["peak"] - off["base"]) - (a["peak"] - on["base"]) >= 12 * 2**20, (a, b)
+
+
+# Training with moves on, off and under "cache": the same weights, bit for bit. The cache's
+# threshold is lowered to 64 KiB so that the tiny model's LSTM workspaces go through it and
+# pages are really moved (its books say how many).
+TRAIN = """
+import json, sys
+from rnntrain.compute import allocator, cpucache
+cpucache.THRESHOLD = 64 * 1024
+from rnntrain.cli import main
+rc = main(sys.argv[1:])
+print(json.dumps(dict(rc=rc, stats=cpucache.stats(), note=allocator.note())))
+"""
+
+
+@needs_cxx
+def test_training_with_page_moves_changes_no_weight(synth_pair, tmp_path):
+    why = _moves_available()
+    if why is not None:
+        pytest.skip(f"no page moves here: {why}")
+    train, _ = synth_pair
+    weights, res = {}, {}
+    for name, mode, env in (("moves", "capped", {}),
+                            ("off", "capped", {"RNNTRAIN_CPUCACHE_MOVE": "off"}),
+                            ("cache", "cache", {})):
+        run = tmp_path / name
+        res[name] = _run(TRAIN, "train", f"data.train={train}", "model.layers=2",
+                         "model.hidden=32", "train.epochs=1", "batch.batch_frames=1200",
+                         f"compute.allocator={mode}", "compute.threads=2", f"run.dir={run}",
+                         env=env, timeout=300)
+        assert res[name]["rc"] == 0
+        weights[name] = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["model"]
+    assert res["moves"]["stats"]["moved_bytes"] > 0, res["moves"]
+    assert "pages written in a backward moved" in res["moves"]["note"], res["moves"]
+    assert res["off"]["stats"]["moved_bytes"] == 0
+    assert "no page moves (RNNTRAIN_CPUCACHE_MOVE=off)" in res["off"]["note"], res["off"]
+    for name in ("moves", "off"):
+        for k in weights["cache"]:
+            assert torch.equal(weights["cache"][k], weights[name][k]), (name, k)

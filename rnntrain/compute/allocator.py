@@ -92,8 +92,11 @@ def note() -> str | None:
     if _applied != "capped":
         return None
     if _cache_note == "":
+        why = cpucache.moves()
         return (f"allocator: capped, blocks of {cpucache.THRESHOLD / 2**20:g} MiB and more "
-                f"cached by size behind torch's CPU allocator (rnntrain.compute.cpucache)")
+                f"cached by size behind torch's CPU allocator (rnntrain.compute.cpucache), "
+                + ("pages written in a backward moved into the next workspaces" if why is None
+                   else f"no page moves ({why})"))
     return (f"allocator: capped without its large-block cache ({_cache_note or 'not installed'}"
             f"): glibc's settings alone, at about system's speed")
 

@@ -10,6 +10,16 @@ would pass the peak the process had without them (its resident size less the cac
 blocks, sampled at every large allocation and free) plus ``SLACK``. Smaller blocks go to
 torch's own allocator as before (glibc's heap, under the ``capped`` settings).
 
+With ``MOVE`` (where the kernel has userfaultfd's ``UFFDIO_MOVE``, Linux 6.8+), a reused
+block is handed out with only the pages its pattern's user had written by the start of its
+backward (the forward part of oneDNN's LSTM workspace), and the pages a block's user wrote
+during a backward are moved, when it is freed, into the pages the same thread's live
+blocks will write next (the next-lower layer's workspace): the backward half of the
+workspaces comes from pages already resident instead of pages the kernel zeroes, and the
+process holds no more at its peak (docs/threads.md, "The allocator"). ``RNNTRAIN_CPUCACHE_MOVE=off``
+turns it off; where userfaultfd is missing or refused (an older kernel, seccomp) blocks are
+reused whole as before, and ``moves()`` says why (``allocator.note`` logs it).
+
 The wheel stays pure Python: the source is compiled on first use with the system's C++
 compiler (``$CXX``, else ``c++``) against the torch in use (its headers, ``libc10``, its C++
 ABI) into ``$XDG_CACHE_HOME/rnntrain`` (``~/.cache/rnntrain``), under a name keyed by the
@@ -36,12 +46,15 @@ THRESHOLD = 2**20      # bytes: blocks at least this large are cached by size
 SLACK = 64 * 2**20     # bytes: resident size <= its peak without the cache's free blocks + SLACK
 FIT_DIV = 8            # a cached block up to 1/FIT_DIV larger than asked is reused whole
 AHEAD = 0              # % of a new block's pages not yet resident counted against the bound
+MOVE = True            # move pages written during a backward into the next live blocks
 PRUNE_DAYS = 30        # a new build removes other built libraries older than this
 SOURCE = Path(__file__).with_name("_cpucache.cpp")
 ENV = "RNNTRAIN_CPUCACHE"
+MOVE_ENV = "RNNTRAIN_CPUCACHE_MOVE"
 STATS = ("live", "cached", "cached_resident", "peak_live", "base_peak", "rss_peak", "hits",
          "remaps", "misses", "dropped_bytes", "evictions", "evicted_bytes", "released_bytes", "threshold",
-         "slack", "fits", "faulted_hits", "faulted_fits", "faulted_remaps", "faulted_misses")
+         "slack", "fits", "faulted_hits", "faulted_fits", "faulted_remaps", "faulted_misses",
+         "moving", "moves", "moved_bytes")
 _lib: ctypes.CDLL | None = None
 
 
@@ -130,7 +143,8 @@ def _load() -> ctypes.CDLL:
         if nstats != len(STATS):
             raise RuntimeError(f"{path}: built from another version of _cpucache.cpp "
                                f"({nstats} statistics, this one has {len(STATS)})")
-        lib.rnntrain_cpucache_install.argtypes = [ctypes.c_size_t] * 4
+        lib.rnntrain_cpucache_install.argtypes = [ctypes.c_size_t] * 5
+        lib.rnntrain_cpucache_why_not_moving.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
         lib.rnntrain_cpucache_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
         lib.rnntrain_cpucache_release.restype = ctypes.c_size_t
         _lib = lib
@@ -138,10 +152,12 @@ def _load() -> ctypes.CDLL:
 
 
 def install(threshold: int | None = None, slack: int | None = None,
-            fit_div: int | None = None) -> str | None:
+            fit_div: int | None = None, move: bool | None = None) -> str | None:
     """Put the cache in front of torch's CPU allocator (torch must be imported; call it
     before the workers allocate); the settings default to the module's (``THRESHOLD``,
-    ``SLACK``, ``FIT_DIV``), read now. None when it is in place, else why not (one line)."""
+    ``SLACK``, ``FIT_DIV``, ``MOVE``, the last off under ``RNNTRAIN_CPUCACHE_MOVE=off``),
+    read now. None when it is in place, else why not (one line); ``moves()`` says whether
+    pages are moved."""
     if os.environ.get(ENV, "").lower() in ("off", "0", "no"):
         return f"{ENV}={os.environ[ENV]}"
     if sys.platform != "linux":
@@ -152,9 +168,12 @@ def install(threshold: int | None = None, slack: int | None = None,
         return f"no C++ compiler ({' '.join(_compiler())} not found; set CXX)"
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         return str(e).splitlines()[0] if str(e) else type(e).__name__
+    move = (MOVE if move is None else move) and \
+        os.environ.get(MOVE_ENV, "").lower() not in ("off", "0", "no")
     rc = lib.rnntrain_cpucache_install(THRESHOLD if threshold is None else threshold,
                                        SLACK if slack is None else slack,
-                                       FIT_DIV if fit_div is None else fit_div, AHEAD)
+                                       FIT_DIV if fit_div is None else fit_div, AHEAD,
+                                       int(move))
     return None if rc == 0 else {
         -1: "torch's CPU allocator has no raw deleter",
         -2: "another CPU allocator is installed"}.get(rc, f"install returned {rc}")
@@ -163,6 +182,23 @@ def install(threshold: int | None = None, slack: int | None = None,
 def active() -> bool:
     """Whether this process's torch CPU allocator is the cache."""
     return _lib is not None and stats()["threshold"] > 0
+
+
+def moves() -> str | None:
+    """None when the installed cache moves pages into live blocks, else why not (one line:
+    the setting, or the userfaultfd call that failed and its error)."""
+    if not active():
+        return "the large-block cache is not installed"
+    if stats()["moving"]:
+        return None
+    buf = ctypes.create_string_buffer(256)
+    _lib.rnntrain_cpucache_why_not_moving(buf, len(buf))
+    why = buf.value.decode(errors="replace")
+    if why:
+        return why
+    if os.environ.get(MOVE_ENV, "").lower() in ("off", "0", "no"):
+        return f"{MOVE_ENV}={os.environ[MOVE_ENV]}"
+    return "turned off (cpucache.MOVE)"
 
 
 def stats() -> dict[str, int]:
