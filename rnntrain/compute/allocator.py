@@ -28,10 +28,12 @@ the heap over ``TOP_KEEP`` (64 MiB) goes back to the kernel on the ``free`` that
 (``M_TRIM_THRESHOLD``; glibc trims only the top, never the free blocks inside). Without a
 C++ compiler (or with ``RNNTRAIN_CPUCACHE=off``) ``capped`` is that glibc part alone: the
 peak of ``system`` at ``system``'s speed, as before the cache; the run log says which
-(``note``). On the reference model ``capped`` peaked at +1 % (one worker) and +8 % (two)
-of ``system``'s resident size at 89 % of ``cache``'s CPU efficiency (``system`` 77-85 %):
-the workspaces change size with every task, so half of the large requests get a resized
-block whose new pages are faulted in (docs/benchmarks.md, "Peak RSS by allocator policy").
+(``note``). Where userfaultfd's ``UFFDIO_MOVE`` is there, the pages a backward writes into
+a workspace move into the next layer's workspace when it is freed (``cpucache.MOVE``;
+``note`` says whether). On the reference model ``capped`` peaked at -0.1 to +4.6 % (one
+worker) and -11 to +4 % (two) of ``system``'s resident size at 95.5-96.8 % and 93.3-96.9 %
+of ``cache``'s CPU efficiency (without moves 89-93 %; docs/benchmarks.md, "Peak RSS by
+allocator policy").
 ``system`` leaves glibc's defaults.
 Elsewhere than glibc (musl, macOS) all three are the same. ``rnntrain eval`` and
 ``decode`` apply the checkpoint's policy as well.
