@@ -238,7 +238,7 @@ def test_two_ranks_over_the_network_path(tiny_config, tmp_path):
                   env={"MPIR_CVAR_NOLOCAL": "1", "UCX_TLS": "tcp,self"})
     assert r.returncode == 0, r.stderr[-3000:]
     w = {n: dict(np.load(tmp_path / f"{n}.npz")) for n in ("serial", "ar", "bfm")}
-    assert rel_diff(w["serial"], w["ar"]) <= 1e-7
+    assert rel_diff(w["serial"], w["ar"]) <= 1e-6  # rounding only (test_torchdist's check_n_ranks)
     assert 0 < rel_diff(w["serial"], w["bfm"]) <= 5e-3
 
 

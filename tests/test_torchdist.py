@@ -125,9 +125,12 @@ def check_n_ranks(n, out, tiny_config, serial, runs, env=None):
     for name, ov in runs.items():
         d = rel_diff(serial, w[name])
         if "wire" not in ov or "fp32" in ov:
-            # the same batches summed in another order (n partial sums): rounding only
-            # (batches cut differently move the weights by orders of magnitude more)
-            assert d <= (1e-7 if n == 2 else 1e-6), (name, d)
+            # the same batches summed in another order (n partial sums, and each
+            # process's BLAS blocks its sums by its own thread count and CPU): rounding
+            # only, a few fp32 epsilons after the run's Adam steps (2.1e-7 on an Intel
+            # Xeon, under 1e-7 on an AMD EPYC). Batches cut differently (batch_multiple 2
+            # against 3 or 1) differ by 1.3e-2 to 2.6e-2: four orders of magnitude more.
+            assert d <= 1e-6, (name, d)
         else:  # a 16-bit wire: close to the serial run, and master == allreduce exactly
             assert 0 < d <= 5e-3, (name, d)
     # start-up: rank 0's weights, Adam state and loop state reached every rank
