@@ -17,8 +17,11 @@ reports it), peak RSS
 (``VmHWM``, bench.workloads.PEAK_RSS_CODE), minor faults, user and system CPU seconds of
 the training process, and under ``capped`` the large-block cache's books (``cpucache.stats()``:
 hits, fits, remaps, misses and the bytes each path's users faulted in, the page moves and the
-bytes moved; ``capped:move=0`` is ``capped`` without page moves, as where userfaultfd is
-missing). On a shared machine compare within a round only; the CPU seconds
+bytes moved, the fills and the bytes filled; ``capped:fill=0`` is ``capped`` without fills,
+``capped:move=0`` without page moves (nor fills), as where userfaultfd is
+missing). ``VARIANT@DIR`` runs it with the rnntrain of another checkout in DIR (e.g. the
+code before a change, unpacked with ``git archive``), so that both run in the same rounds.
+On a shared machine compare within a round only; the CPU seconds
 (user + system) are the load-robust cost: user time hardly changes with the policy, the
 system time is the kernel zeroing pages faulted in again. docs/benchmarks.md, "Peak RSS by
 allocator policy", has the figures.
@@ -50,6 +53,8 @@ if spec.get("base") in ("cache", "capped"):
     cpucache.FIT_DIV = int(spec.get("fit", cpucache.FIT_DIV))
     cpucache.AHEAD = int(spec.get("ahead", cpucache.AHEAD))
     cpucache.MOVE = spec.get("move", "1") != "0"
+    if hasattr(cpucache, "FILL"):
+        cpucache.FILL = spec.get("fill", "1") != "0"
     assert allocator.configure(spec["base"])
     if spec.get("heap") == "keep":  # under capped: glibc's part as under cache
         libc = ctypes.CDLL("libc.so.6")
@@ -78,18 +83,20 @@ sys.exit(rc)
 
 
 def run(cfg: Path, variant: str, threads: int, run_dir: Path, epochs: int = 2) -> dict:
+    variant, _, tree = variant.partition("@")  # VARIANT@DIR: rnntrain from another checkout
+    root = Path(tree) if tree else ROOT
     name = variant.removesuffix("+huge")
     spec = {"system": "", "cache": "base=cache", "capped": "base=capped"}.get(name, name)
     if name.startswith("capped:"):  # the cache's own settings: capped:cthr=MiB,slack=MiB,fit=N,ahead=%,heap=keep,move=0
         spec = "base=capped," + name.split(":", 1)[1]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(root))
     if variant.endswith("+huge"):
         env["GLIBC_TUNABLES"] = "glibc.malloc.hugetlb=1"
     args = ["train", str(cfg), f"train.epochs={epochs}", f"compute.threads={threads}",
             "compute.intra_threads=1", "compute.allocator=system", f"run.dir={run_dir}",
             "log.every_steps=1000000"]
     r = subprocess.run(["nice", "-n", "5", sys.executable, "-c", RUNNER, spec, *args],
-                       capture_output=True, text=True, timeout=1800, env=env, cwd=ROOT)
+                       capture_output=True, text=True, timeout=1800, env=env, cwd=root)
     if r.returncode:
         raise RuntimeError(f"{variant}: {r.stderr[-1500:]}")
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]

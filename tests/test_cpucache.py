@@ -447,3 +447,106 @@ def test_training_with_page_moves_changes_no_weight(synth_pair, tmp_path):
     for name in ("moves", "off"):
         for k in weights["cache"]:
             assert torch.equal(weights["cache"][k], weights[name][k]), (name, k)
+
+
+# Fills: the pages a block handed out will likely touch (the pattern of the last free of
+# the nearest size) that it does not hold are moved in from the cache's spare resident
+# pages instead of being faulted in and zeroed by the kernel. A 20 MiB block, every page
+# written, serves a 24 MiB request grown by mremap; its 4 new MiB come from an 8 MiB block
+# freed before it, so writing the new tensor faults nothing (getrusage) and the resident
+# size does not grow when it is handed out; live contents stay as written. Without fills
+# (cpucache.FILL off) the 4 MiB are faulted in. With moves unavailable nothing is filled.
+FILLS = """
+import json, resource, sys, torch
+from rnntrain.compute import cpucache
+cpucache.FILL = sys.argv[1] == "1"
+assert cpucache.install(threshold=2**20) is None
+MiB = 2**20
+def flt():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+def rss():
+    for ln in open("/proc/self/status"):
+        if ln.startswith("VmRSS:"):
+            return int(ln.split()[1]) * 1024
+live = torch.full((6 * MiB,), 9, dtype=torch.uint8)
+donor = torch.full((8 * MiB,), 7, dtype=torch.uint8)
+a = torch.empty(20 * MiB, dtype=torch.uint8).fill_(1)
+del donor, a                      # the donor first: the least recently freed
+s0, r0 = cpucache.stats(), rss()
+b = torch.empty(24 * MiB, dtype=torch.uint8)
+s1, r1, f0 = cpucache.stats(), rss(), flt()
+b.fill_(2)
+f1 = flt()
+ok = bool((b == 2).all()) and bool((live == 9).all())
+print(json.dumps(dict(ok=ok, faults=f1 - f0, grew=r1 - r0, stats=cpucache.stats(),
+                      d={k: s1[k] - s0[k] for k in s1})))
+"""
+
+
+@needs_cxx
+def test_fills_move_spare_pages_into_a_block_handed_out():
+    why = _moves_available()
+    if why is not None:
+        pytest.skip(f"no page moves here: {why}")
+    on, off = _run(FILLS, "1"), _run(FILLS, "0")
+    pages = 4 * 2**20 // 4096
+    assert on["ok"] and off["ok"], (on, off)
+    assert on["d"]["remaps"] == off["d"]["remaps"] == 1, (on, off)
+    assert on["d"]["filled_bytes"] == 4 * 2**20 and on["d"]["fills"] == 1, on
+    assert on["d"]["cached_resident"] == -24 * 2**20, on   # 20 MiB reused, 4 moved out
+    assert on["faults"] < pages // 10, on                  # the new 4 MiB were resident
+    assert abs(on["grew"]) < 2**20, on                      # moved, not faulted in
+    assert off["d"]["filled_bytes"] == 0 and off["faults"] >= pages * 9 // 10, off
+
+
+# At a backward's start (grad mode off) the thread's last workspace, whose backward comes
+# first and has no block freed before it to give it pages, gets the pages its pattern's
+# user wrote in the backward from the cache's spare pages: here a 16 MiB tensor freed in
+# the forward. From the second task on (a pattern exists), writing D's backward part faults
+# nothing; all contents stay as written. Without fills it faults every task.
+BACKWARD_FILL = """
+import json, resource, sys, torch
+from rnntrain.compute import cpucache
+cpucache.FILL = sys.argv[1] == "1"
+assert cpucache.install(threshold=2**20) is None
+MiB = 2**20
+def flt():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+def task(k):
+    w = torch.empty(48 * MiB, dtype=torch.uint8)
+    w[:16 * MiB].fill_(k)
+    d = torch.empty(48 * MiB, dtype=torch.uint8)
+    d[:16 * MiB].fill_(k + 1)
+    spare = torch.empty(16 * MiB, dtype=torch.uint8).fill_(k + 4)
+    del spare
+    with torch.no_grad():                           # the backward
+        x = torch.empty(2 * MiB, dtype=torch.uint8).fill_(0)
+        f0 = flt()
+        d[16 * MiB:32 * MiB].fill_(k + 2)
+        f1 = flt()
+        ok = bool((d[:16 * MiB] == k + 1).all()) and bool((d[16 * MiB:32 * MiB] == k + 2).all())
+        del d
+        w[16 * MiB:32 * MiB].fill_(k + 3)
+        ok &= bool((w[:16 * MiB] == k).all()) and bool((w[16 * MiB:32 * MiB] == k + 3).all())
+        ok &= bool((x == 0).all())
+        del w, x
+    return dict(ok=ok, faults=f1 - f0)
+out = [task(k) for k in range(4)]
+print(json.dumps(dict(out=out, stats=cpucache.stats())))
+"""
+
+
+@needs_cxx
+def test_a_backward_start_fills_the_first_workspace_from_spare_pages():
+    why = _moves_available()
+    if why is not None:
+        pytest.skip(f"no page moves here: {why}")
+    on, off = _run(BACKWARD_FILL, "1"), _run(BACKWARD_FILL, "0")
+    pages = 16 * 2**20 // 4096
+    assert all(t["ok"] for t in on["out"] + off["out"]), (on, off)
+    assert on["out"][0]["faults"] >= pages * 9 // 10, on    # no pattern yet
+    for t in on["out"][1:]:
+        assert t["faults"] < pages // 10, on
+    for t in off["out"]:
+        assert t["faults"] >= pages * 9 // 10, off
+    assert on["stats"]["filled_bytes"] >= 3 * 16 * 2**20 and off["stats"]["filled_bytes"] == 0

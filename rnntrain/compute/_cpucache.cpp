@@ -41,6 +41,16 @@
 //   threads do. Every block the cache maps is registered with one userfaultfd (write-protect
 //   mode, asynchronous, nothing protected: no access ever stops). Without it (older kernel,
 //   seccomp, RNNTRAIN_CPUCACHE_MOVE=off, a forked child) blocks are reused whole as before.
+// - fills (with moves): under the bound the process keeps spare resident pages (the cache's
+//   free blocks, a reused block's stale pages, a shrunk block's tail, blocks evicted), while
+//   the blocks handed out fault in the pages they lack, each zeroed by the kernel. So a block
+//   handed out gets the pages it will likely touch early and lacks (its holes: the pattern
+//   of the last free of the nearest size, scaled) moved in from those, the block's own
+//   first, then the evicted blocks', then the cache's free blocks least recently freed
+//   first; and at a thread's backward start, its last live workspace (whose backward comes
+//   first, with no block freed before it to give it pages) gets the pages its pattern's
+//   user wrote in the backward from the cache's free blocks. A move leaves the resident size
+//   as it is and costs a fraction of a fault. cpucache.FILL turns it off.
 //
 // One mutex guards the large blocks' books; mmap, mremap, munmap and mincore run outside it.
 // A free takes it only when the pointer is page-aligned (every large block is; a small one
@@ -182,7 +192,7 @@ enum Stat {
   kLive, kCached, kCachedResident, kPeakLive, kBasePeak, kRssPeak, kHits, kRemaps, kMisses,
   kDroppedBytes, kEvictions, kEvictedBytes, kReleasedBytes, kThreshold, kSlack,
   kFits, kFaultedHits, kFaultedFits, kFaultedRemaps, kFaultedMisses, kMoving, kMoves,
-  kMovedBytes, kNStats
+  kMovedBytes, kFills, kFilledBytes, kNStats
 };
 
 // How a block was handed out: the same asked size; another size, the block kept whole (up
@@ -352,7 +362,45 @@ class LargeCache final : public c10::Allocator {
         cached_.erase(oldest);
       }
     }
-    for (const Cached& c : evict) munmap(c.ptr, c.bytes);
+    // fills (moves on): the pages the request will likely touch early (the pattern of the
+    // recent free of the nearest size, scaled) that the block does not hold (its holes) are
+    // moved in from pages that are resident but would otherwise be given back or wait
+    // unused: the block's own stale pages (resident, not in the pattern: dropped otherwise),
+    // the tail a shrink would unmap, the blocks evicted for the bound, then the cache's free
+    // blocks, least recently freed first. A move costs a fraction of the fault (and the
+    // zeroing) it saves, and the resident size does not change.
+    const Cached* pat = like ? like.get()
+                             : (path == kPathHit && near && near->asked == n ? near.get() : nullptr);
+    bool fill = fill_ && moving && pat != nullptr;
+    size_t filled = 0;  // pages moved in
+    size_t np = (n + kPage - 1) / kPage;
+    std::vector<unsigned char> want_page;  // per page below np: in the pattern
+    if (fill) {
+      want_page.assign(np, 0);
+      for (const auto& [a, b] : predict(pat, n, np)) {
+        std::fill(want_page.begin() + static_cast<long>(a), want_page.begin() + static_cast<long>(b), 1);
+      }
+    }
+    if (fill && src.ptr != nullptr && src.registered && src.bytes > want) {
+      // a shrink: the tail's resident pages into the holes below, before mremap unmaps them
+      std::vector<size_t> holes, tail;
+      size_t wp = want / kPage, bp = src.bytes / kPage;
+      for (size_t q = 0; q < std::min(np, wp); ++q) {
+        if (want_page[q] && !src.map[q]) holes.push_back(q);
+      }
+      for (size_t q = wp; q < bp && tail.size() < holes.size(); ++q) {
+        if (src.map[q]) tail.push_back(q);
+      }
+      size_t k = fill_holes(static_cast<char*>(src.ptr), holes, static_cast<char*>(src.ptr), tail);
+      for (size_t i = 0; i < k; ++i) {
+        src.map[holes[i]] = 1;
+        src.map[tail[i]] = 0;
+      }
+      filled += k;
+    }
+    if (!fill) {
+      for (const Cached& c : evict) munmap(c.ptr, c.bytes);
+    }
     size_t kept = 0;  // bytes of the block in memory as it is handed out
     if (src.ptr != nullptr) {
       size_t upto = std::min(src.bytes, want) / kPage;
@@ -361,14 +409,22 @@ class LargeCache final : public c10::Allocator {
     }
     // a block reused for another size drops the pages the next user will likely not touch;
     // with moves, any reused block also drops its late part (the pattern's early pages kept)
+    std::vector<size_t> stale;  // fills: those pages, moved into the holes or dropped below
     if (src.ptr != nullptr && (src.asked != n || (moving && !src.early.empty()))) {
-      size_t dropped = drop_stale(src, like ? *like : src, n, want);
-      kept -= std::min(kept, dropped);
-      std::lock_guard<std::mutex> g(mu_);
-      stats_[kDroppedBytes] += dropped;
+      if (fill) {
+        size_t upto = std::min({src.bytes, want, np * kPage}) / kPage;
+        for (size_t q = 0; q < upto; ++q) {
+          if (src.map[q] && !want_page[q]) stale.push_back(q);
+        }
+      } else {
+        size_t dropped = drop_stale(src, like ? *like : src, n, want);
+        kept -= std::min(kept, dropped);
+        std::lock_guard<std::mutex> g(mu_);
+        stats_[kDroppedBytes] += dropped;
+      }
     }
     void* p = nullptr;
-    bool registered = false;
+    bool registered = false, fresh = src.ptr == nullptr;  // fresh: mapped now, no pages
     if (src.ptr != nullptr && src.bytes == want) {
       p = src.ptr;
       registered = src.registered;
@@ -381,8 +437,11 @@ class LargeCache final : public c10::Allocator {
     }
     if (p == nullptr) {
       kept = 0;
+      fresh = true;
+      stale.clear();
       p = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (p == MAP_FAILED) {
+        for (const Cached& c : evict) munmap(c.ptr, c.bytes);
         std::lock_guard<std::mutex> g(mu_);
         stats_[kLive] -= want;
         TORCH_CHECK_WITH(OutOfMemoryError, false, "rnntrain cpucache: cannot map ", want,
@@ -390,6 +449,48 @@ class LargeCache final : public c10::Allocator {
       }
     }
     if (moving && !registered) registered = register_block(p, want);
+    if (fill) {
+      // the holes now (a reused block's pages keep their offsets through mremap)
+      std::vector<size_t> holes;
+      size_t upto = fresh ? 0 : std::min(src.map.size(), want / kPage);
+      for (size_t q = 0; q < std::min(np, want / kPage); ++q) {
+        if (want_page[q] && !(q < upto && src.map[q])) holes.push_back(q);
+      }
+      size_t moved_in = 0;  // pages from other blocks
+      if (registered && !holes.empty()) {
+        size_t k = fill_holes(static_cast<char*>(p), holes, static_cast<char*>(p), stale);
+        filled += k;
+        holes.erase(holes.begin(), holes.begin() + static_cast<long>(k));
+        stale.erase(stale.begin(), stale.begin() + static_cast<long>(k));
+        for (const Cached& c : evict) {
+          if (holes.empty()) break;
+          std::vector<size_t> res;
+          for (size_t q = 0; q < c.map.size() && res.size() < holes.size(); ++q) {
+            if (c.map[q]) res.push_back(q);
+          }
+          size_t e = fill_holes(static_cast<char*>(p), holes, static_cast<char*>(c.ptr), res);
+          moved_in += e;
+          holes.erase(holes.begin(), holes.begin() + static_cast<long>(e));
+        }
+        moved_in += fill_from_cache(static_cast<char*>(p), holes);
+      }
+      for (const Cached& c : evict) munmap(c.ptr, c.bytes);
+      size_t dropped = 0;  // the stale pages left
+      for (size_t i = 0; i < stale.size();) {
+        size_t j = i + 1;
+        while (j < stale.size() && stale[j] == stale[j - 1] + 1) ++j;
+        madvise(static_cast<char*>(p) + stale[i] * kPage, (j - i) * kPage, MADV_DONTNEED);
+        dropped += (j - i) * kPage;
+        i = j;
+      }
+      filled += moved_in;
+      // (a stale page moved into a hole, or a tail page before the shrink, stays counted)
+      kept = kept - std::min(kept, dropped) + moved_in * kPage;
+      std::lock_guard<std::mutex> g(mu_);
+      stats_[kDroppedBytes] += dropped;
+      if (filled > 0) stats_[kFills] += 1;
+      stats_[kFilledBytes] += filled * kPage;
+    }
     {
       std::lock_guard<std::mutex> g(mu_);
       live_[p] = {want, n, kept, path, t_state.id, seq, registered, false, {}, std::move(near)};
@@ -451,9 +552,11 @@ class LargeCache final : public c10::Allocator {
     {
       std::lock_guard<std::mutex> g(mu_);
       all.swap(cached_);
-      for (const Cached& c : all) stats_[kReleasedBytes] += c.bytes;
-      stats_[kCached] = 0;
-      stats_[kCachedResident] = 0;
+      for (const Cached& c : all) {  // (blocks lent for a fill come back counted)
+        stats_[kReleasedBytes] += c.bytes;
+        stats_[kCached] -= c.bytes;
+        stats_[kCachedResident] -= c.resident;
+      }
     }
     size_t bytes = 0;
     for (const Cached& c : all) {
@@ -464,10 +567,11 @@ class LargeCache final : public c10::Allocator {
   }
 
   void configure(size_t threshold, size_t slack, size_t fit_div, size_t ahead_pct,
-                 bool move) {
+                 bool move, bool fill) {
     if (move && uffd_ < 0 && why_.empty()) open_uffd();
     std::lock_guard<std::mutex> g(mu_);
     move_ = move && uffd_ >= 0;
+    fill_ = fill;
     stats_[kMoving] = move_;
     threshold_ = std::max(threshold, kPage);
     stats_[kThreshold] = threshold_;
@@ -527,6 +631,34 @@ class LargeCache final : public c10::Allocator {
 
   bool moving_now() const { return move_ && getpid() == uffd_pid_; }
 
+  // Moves page from[i] of mapping s into page holes[i] of mapping d (registered with the
+  // userfaultfd; may be s), in order, each run contiguous on both sides in one call, until
+  // either list ends or a move fails; returns the pairs done. Nobody writes either range
+  // meanwhile (a block being handed out, the calling thread's own, blocks off the cache).
+  size_t fill_holes(char* d, const std::vector<size_t>& holes, char* s,
+                    const std::vector<size_t>& from) {
+    size_t n = std::min(holes.size(), from.size()), i = 0, calls = 0;
+    while (i < n) {
+      size_t len = 1;
+      while (i + len < n && holes[i + len] == holes[i] + len && from[i + len] == from[i] + len) {
+        ++len;
+      }
+      uffdio_move mv{};
+      mv.dst = reinterpret_cast<uintptr_t>(d + holes[i] * kPage);
+      mv.src = reinterpret_cast<uintptr_t>(s + from[i] * kPage);
+      mv.len = len * kPage;
+      mv.mode = UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES;
+      int rc = ioctl(uffd_, UFFDIO_MOVE, &mv);
+      size_t done = rc == 0 ? len : (mv.move > 0 ? static_cast<size_t>(mv.move) / kPage : 0);
+      ++calls;
+      i += done;
+      if (rc != 0) break;
+    }
+    std::lock_guard<std::mutex> g(mu_);
+    stats_[kMoves] += calls;
+    return i;
+  }
+
   // (under the lock) the recent free of the nearest asked size (within 1/4), or null
   std::shared_ptr<const Cached> nearest(size_t n) const {
     std::shared_ptr<const Cached> like;
@@ -567,6 +699,10 @@ class LargeCache final : public c10::Allocator {
         }
       }
     }
+    void* last = nullptr;  // the thread's most recent live block with a pattern
+    uint64_t last_seq = 0;
+    size_t last_bytes = 0, last_asked = 0;
+    std::shared_ptr<const Cached> last_like;
     for (auto& [p, bytes, seq] : todo) {
       size_t r = 0;
       auto e = resident_map(p, bytes, &r);  // freed meanwhile: ignored below
@@ -575,8 +711,91 @@ class LargeCache final : public c10::Allocator {
       if (it != live_.end() && it->second.seq == seq) {
         it->second.early = std::move(e);
         it->second.snapped = true;
+        if (it->second.registered && it->second.like && seq > last_seq &&
+            has_late(*it->second.like)) {
+          last = p;
+          last_seq = seq;
+          last_bytes = bytes;
+          last_asked = it->second.asked;
+          last_like = it->second.like;
+        }
       }
     }
+    if (start && fill_ && last != nullptr) {
+      // its backward comes first and has no block freed before it to give it pages: the
+      // pages its pattern's user wrote and it lacks, from the cache's free blocks
+      size_t r = 0;
+      auto now = resident_map(last, last_bytes, &r);
+      size_t pages = std::min(last_bytes, (last_asked + kPage - 1) / kPage * kPage) / kPage;
+      double scale = static_cast<double>(last_like->asked) / static_cast<double>(last_asked);
+      std::vector<size_t> holes;
+      for (size_t q = 0; q < pages; ++q) {
+        size_t from = static_cast<size_t>(static_cast<double>(q) * scale);
+        if (!now[q] && from < last_like->map.size() && last_like->map[from]) holes.push_back(q);
+      }
+      size_t k = fill_from_cache(static_cast<char*>(last), holes);
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = live_.find(last);
+      if (it != live_.end() && it->second.seq == last_seq) it->second.resident += k * kPage;
+      stats_[kFilledBytes] += k * kPage;
+      if (k > 0) stats_[kFills] += 1;
+    }
+  }
+
+  // whether a pattern's user wrote pages in its backward (a workspace's late part)
+  static bool has_late(const Cached& like) {
+    if (like.early.size() != like.map.size()) return false;
+    size_t late = 0;
+    for (size_t q = 0; q < like.map.size(); ++q) late += like.map[q] && !like.early[q];
+    return late >= 16;
+  }
+
+  // Pages of the cache's free blocks, the least recently freed first, moved into the holes
+  // of block d (registered; holes ascending); returns the pages moved. The blocks lent are
+  // off the cache during the moves (no other thread hands one out meanwhile); their pages
+  // count as cached until moved.
+  size_t fill_from_cache(char* d, const std::vector<size_t>& holes) {
+    if (holes.empty()) return 0;
+    std::vector<Cached> lent;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      std::vector<size_t> idx(cached_.size());
+      for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+      std::sort(idx.begin(), idx.end(), [this](size_t a, size_t b) {
+        return cached_[a].freed_at < cached_[b].freed_at;
+      });
+      size_t got = 0;
+      std::vector<size_t> take;
+      for (size_t i : idx) {
+        if (got >= holes.size()) break;
+        if (cached_[i].resident == 0) continue;
+        got += cached_[i].resident / kPage;
+        take.push_back(i);
+      }
+      std::sort(take.rbegin(), take.rend());
+      for (size_t i : take) {
+        lent.push_back(std::move(cached_[i]));
+        cached_.erase(cached_.begin() + static_cast<long>(i));
+      }
+    }
+    size_t done = 0;
+    for (Cached& c : lent) {
+      if (done == holes.size()) break;
+      std::vector<size_t> res;
+      for (size_t q = 0; q < c.map.size() && res.size() < holes.size() - done; ++q) {
+        if (c.map[q]) res.push_back(q);
+      }
+      std::vector<size_t> rest(holes.begin() + static_cast<long>(done), holes.end());
+      size_t k = fill_holes(d, rest, static_cast<char*>(c.ptr), res);
+      for (size_t i = 0; i < k; ++i) c.map[res[i]] = 0;
+      c.resident -= std::min(c.resident, k * kPage);
+      if (k > 0 && !c.runs.empty()) c.runs = runs_of(c.map);
+      done += k;
+    }
+    std::lock_guard<std::mutex> g(mu_);
+    stats_[kCachedResident] -= std::min<uint64_t>(stats_[kCachedResident], done * kPage);
+    for (Cached& c : lent) cached_.push_back(std::move(c));
+    return done;
   }
 
   // A block freed during its thread's backward: the pages its user wrote since the
@@ -694,6 +913,7 @@ class LargeCache final : public c10::Allocator {
   size_t fit_div_ = 8;
   size_t ahead_pct_ = 100;  // % of a new block's pages not yet resident counted in the bound
   bool move_ = false;       // pages moved into live blocks (userfaultfd is open)
+  bool fill_ = false;       // with moves: holes filled (allocate, snap_thread)
   int uffd_ = -1;
   pid_t uffd_pid_ = 0;      // the process that opened it (a forked child does not move)
   std::string why_;         // why not moving: the call that failed
@@ -718,18 +938,18 @@ extern "C" {
 // -1 when the allocator in place has no raw deleter to hand small blocks back to, -2 when
 // torch kept another allocator (a higher priority).
 int rnntrain_cpucache_install(size_t threshold, size_t slack, size_t fit_div,
-                              size_t ahead_pct, size_t move) {
+                              size_t ahead_pct, size_t move, size_t fill) {
   if (g_cache == nullptr) {
     c10::Allocator* base = c10::GetCPUAllocator();
     c10::DeleterFnPtr del = base->raw_deleter();
     if (del == nullptr) return -1;
     g_cache = new LargeCache(base, del);
-    g_cache->configure(threshold, slack, fit_div, ahead_pct, move != 0);
+    g_cache->configure(threshold, slack, fit_div, ahead_pct, move != 0, fill != 0);
     c10::SetCPUAllocator(g_cache, /*priority=*/0);
     if (c10::GetCPUAllocator() != g_cache) return -2;
     return 0;
   }
-  g_cache->configure(threshold, slack, fit_div, ahead_pct, move != 0);
+  g_cache->configure(threshold, slack, fit_div, ahead_pct, move != 0, fill != 0);
   return c10::GetCPUAllocator() == g_cache ? 0 : -2;
 }
 
@@ -751,7 +971,8 @@ int rnntrain_cpucache_nstats() { return kNStats; }
 // release_cached; threshold, slack; fits (another size, the block kept whole); the bytes
 // faulted in by the users of hits, fits, remaps and misses (resident at free less resident
 // when handed out); moving (1 when pages are moved), page moves (UFFDIO_MOVE calls),
-// bytes moved
+// bytes moved (a backward's pages into live blocks); fills (blocks handed out, and
+// workspaces at a backward's start, that got pages moved into their holes), bytes filled
 void rnntrain_cpucache_stats(uint64_t* out) {
   if (g_cache == nullptr) {
     std::fill(out, out + kNStats, 0);

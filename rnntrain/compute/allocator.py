@@ -30,10 +30,12 @@ C++ compiler (or with ``RNNTRAIN_CPUCACHE=off``) ``capped`` is that glibc part a
 peak of ``system`` at ``system``'s speed, as before the cache; the run log says which
 (``note``). Where userfaultfd's ``UFFDIO_MOVE`` is there, the pages a backward writes into
 a workspace move into the next layer's workspace when it is freed (``cpucache.MOVE``;
-``note`` says whether). On the reference model ``capped`` peaked at -0.1 to +4.6 % (one
-worker) and -11 to +4 % (two) of ``system``'s resident size at 95.5-96.8 % and 93.3-96.9 %
-of ``cache``'s CPU efficiency (without moves 89-93 %; docs/benchmarks.md, "Peak RSS by
-allocator policy").
+``note`` says whether), and the pages a block handed out lacks are moved in from spare
+resident ones (``cpucache.FILL``). On the reference model (Intel Xeon, 2026-11-27) ``capped``
+peaked at -15 to -5 % (one worker) and +0.3 to +5 % (two) of ``system``'s resident size at
+96.5-100.5 % and 89.4-107.4 % (median 96 %) of ``cache``'s CPU efficiency, with as few page
+faults as ``cache`` (without fills 85-96 % and 91-106 %, median 94 %; docs/benchmarks.md,
+"Peak RSS by allocator policy").
 ``system`` leaves glibc's defaults.
 Elsewhere than glibc (musl, macOS) all three are the same. ``rnntrain eval`` and
 ``decode`` apply the checkpoint's policy as well.
@@ -97,8 +99,9 @@ def note() -> str | None:
         why = cpucache.moves()
         return (f"allocator: capped, blocks of {cpucache.THRESHOLD / 2**20:g} MiB and more "
                 f"cached by size behind torch's CPU allocator (rnntrain.compute.cpucache), "
-                + ("pages written in a backward moved into the next workspaces" if why is None
-                   else f"no page moves ({why})"))
+                + ("pages written in a backward moved into the next workspaces"
+                   + (", spare pages into the blocks handed out" if cpucache.FILL else "")
+                   if why is None else f"no page moves ({why})"))
     return (f"allocator: capped without its large-block cache ({_cache_note or 'not installed'}"
             f"): glibc's settings alone, at about system's speed")
 

@@ -16,8 +16,12 @@ backward (the forward part of oneDNN's LSTM workspace), and the pages a block's 
 during a backward are moved, when it is freed, into the pages the same thread's live
 blocks will write next (the next-lower layer's workspace): the backward half of the
 workspaces comes from pages already resident instead of pages the kernel zeroes, and the
-process holds no more at its peak (docs/threads.md, "The allocator"). ``RNNTRAIN_CPUCACHE_MOVE=off``
-turns it off; where userfaultfd is missing or refused (an older kernel, seccomp) blocks are
+process holds no more at its peak (docs/threads.md, "The allocator"). With ``FILL`` as
+well, the pages a block handed out will likely touch and lacks are moved in from spare
+resident pages (its own stale ones, a shrunk tail, evicted blocks, then the cache's free
+blocks, least recently freed first), and at a backward's start the thread's last workspace
+gets its backward part from the cache's free blocks: the resident size stays as it is and
+the kernel zeroes fewer pages. ``RNNTRAIN_CPUCACHE_MOVE=off`` turns both off; where userfaultfd is missing or refused (an older kernel, seccomp) blocks are
 reused whole as before, and ``moves()`` says why (``allocator.note`` logs it).
 
 The wheel stays pure Python: the source is compiled on first use with the system's C++
@@ -47,6 +51,7 @@ SLACK = 64 * 2**20     # bytes: resident size <= its peak without the cache's fr
 FIT_DIV = 8            # a cached block up to 1/FIT_DIV larger than asked is reused whole
 AHEAD = 0              # % of a new block's pages not yet resident counted against the bound
 MOVE = True            # move pages written during a backward into the next live blocks
+FILL = True            # with MOVE: move spare resident pages into the pages a block will touch
 PRUNE_DAYS = 30        # a new build removes other built libraries older than this
 SOURCE = Path(__file__).with_name("_cpucache.cpp")
 ENV = "RNNTRAIN_CPUCACHE"
@@ -54,7 +59,7 @@ MOVE_ENV = "RNNTRAIN_CPUCACHE_MOVE"
 STATS = ("live", "cached", "cached_resident", "peak_live", "base_peak", "rss_peak", "hits",
          "remaps", "misses", "dropped_bytes", "evictions", "evicted_bytes", "released_bytes", "threshold",
          "slack", "fits", "faulted_hits", "faulted_fits", "faulted_remaps", "faulted_misses",
-         "moving", "moves", "moved_bytes")
+         "moving", "moves", "moved_bytes", "fills", "filled_bytes")
 _lib: ctypes.CDLL | None = None
 
 
@@ -143,7 +148,7 @@ def _load() -> ctypes.CDLL:
         if nstats != len(STATS):
             raise RuntimeError(f"{path}: built from another version of _cpucache.cpp "
                                f"({nstats} statistics, this one has {len(STATS)})")
-        lib.rnntrain_cpucache_install.argtypes = [ctypes.c_size_t] * 5
+        lib.rnntrain_cpucache_install.argtypes = [ctypes.c_size_t] * 6
         lib.rnntrain_cpucache_why_not_moving.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
         lib.rnntrain_cpucache_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
         lib.rnntrain_cpucache_release.restype = ctypes.c_size_t
@@ -173,7 +178,7 @@ def install(threshold: int | None = None, slack: int | None = None,
     rc = lib.rnntrain_cpucache_install(THRESHOLD if threshold is None else threshold,
                                        SLACK if slack is None else slack,
                                        FIT_DIV if fit_div is None else fit_div, AHEAD,
-                                       int(move))
+                                       int(move), int(FILL))
     return None if rc == 0 else {
         -1: "torch's CPU allocator has no raw deleter",
         -2: "another CPU allocator is installed"}.get(rc, f"install returned {rc}")
