@@ -20,7 +20,7 @@ blocks (at least ``cpucache.THRESHOLD``, 1 MiB) leave glibc altogether. A cache 
 torch's CPU allocator (rnntrain/compute/cpucache.py and _cpucache.cpp, compiled on first
 use) keeps each freed one as its own mapping and hands it out again by size, so the
 workspaces are not zeroed again in every task, and never lets the process hold more than
-its resident peak without the cache's free blocks plus ``cpucache.SLACK`` (64 MiB): it
+its resident peak without the cache's free blocks plus ``cpucache.SLACK`` (32 MiB): it
 unmaps the least recently freed ones first. glibc's part stays bounded as before: blocks
 over ``CACHE_CAP`` (32 MiB, the most glibc's mmap threshold can be: ``M_MMAP_THRESHOLD``)
 that do not come through torch are mapped and given back on ``free``, and a free top of
@@ -32,7 +32,8 @@ peak of ``system`` at ``system``'s speed, as before the cache; the run log says 
 a workspace move into the next layer's workspace when it is freed (``cpucache.MOVE``;
 ``note`` says whether), and the pages a block handed out lacks are moved in from spare
 resident ones (``cpucache.FILL``). On the reference model (Intel Xeon, 2026-11-27) ``capped``
-peaked at -15 to -5 % (one worker) and +0.3 to +5 % (two) of ``system``'s resident size at
+peaked at -15 to -5 % (one worker) and +0.3 to +5 % (two; -6 to +1 % with ``SLACK`` at
+today's 32 MiB) of ``system``'s resident size at
 96.5-100.5 % and 89.4-107.4 % (median 96 %) of ``cache``'s CPU efficiency, with as few page
 faults as ``cache`` (without fills 85-96 % and 91-106 %, median 94 %; docs/benchmarks.md,
 "Peak RSS by allocator policy").

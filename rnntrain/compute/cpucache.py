@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 THRESHOLD = 2**20      # bytes: blocks at least this large are cached by size
-SLACK = 64 * 2**20     # bytes: resident size <= its peak without the cache's free blocks + SLACK
+SLACK = 32 * 2**20     # bytes: resident size <= its peak without the cache's free blocks + SLACK
 FIT_DIV = 8            # a cached block up to 1/FIT_DIV larger than asked is reused whole
 AHEAD = 0              # % of a new block's pages not yet resident counted against the bound
 MOVE = True            # move pages written during a backward into the next live blocks
