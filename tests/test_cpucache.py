@@ -336,16 +336,12 @@ def test_env_path_loads_a_library_built_elsewhere_and_a_build_prunes_old_ones(tm
     assert not empty.exists()
 
 
-# Page moves (userfaultfd UFFDIO_MOVE): two "workspaces" per task as oneDNN's LSTM writes
-# them, W (a lower layer's) and D (the upper one's), 48 MiB each: the forward writes the
-# first 16 MiB, the backward (grad mode off) the next 16 MiB, D's before W's; the rest is
-# never touched. From the second task on, D's backward part is moved into W's when D is
-# freed, so writing W's backward part faults nothing (getrusage), and W's backward part was
-# not resident while D's was written (VmRSS there: the peak), all contents as written.
-MOVES = """
-import json, resource, torch
+# The start of the page-move scripts below: the cache installed (HEAD_FILL: its FILL
+# setting from the script's first argument), minor faults and the resident size.
+_HEAD = """
+import json, resource, sys, torch
 from rnntrain.compute import cpucache
-assert cpucache.install(threshold=2**20) is None
+{fill}assert cpucache.install(threshold=2**20) is None
 MiB = 2**20
 def flt():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -353,6 +349,18 @@ def rss():
     for ln in open("/proc/self/status"):
         if ln.startswith("VmRSS:"):
             return int(ln.split()[1]) * 1024
+"""
+HEAD = _HEAD.format(fill="")
+HEAD_FILL = _HEAD.format(fill='cpucache.FILL = sys.argv[1] == "1"\n')
+
+
+# Page moves (userfaultfd UFFDIO_MOVE): two "workspaces" per task as oneDNN's LSTM writes
+# them, W (a lower layer's) and D (the upper one's), 48 MiB each: the forward writes the
+# first 16 MiB, the backward (grad mode off) the next 16 MiB, D's before W's; the rest is
+# never touched. From the second task on, D's backward part is moved into W's when D is
+# freed, so writing W's backward part faults nothing (getrusage), and W's backward part was
+# not resident while D's was written (VmRSS there: the peak), all contents as written.
+MOVES = HEAD + """
 def task(k):
     w = torch.empty(48 * MiB, dtype=torch.uint8)
     w[:16 * MiB].fill_(k)
@@ -456,18 +464,7 @@ def test_training_with_page_moves_changes_no_weight(synth_pair, tmp_path):
 # freed before it, so writing the new tensor faults nothing (getrusage) and the resident
 # size does not grow when it is handed out; live contents stay as written. Without fills
 # (cpucache.FILL off) the 4 MiB are faulted in. With moves unavailable nothing is filled.
-FILLS = """
-import json, resource, sys, torch
-from rnntrain.compute import cpucache
-cpucache.FILL = sys.argv[1] == "1"
-assert cpucache.install(threshold=2**20) is None
-MiB = 2**20
-def flt():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-def rss():
-    for ln in open("/proc/self/status"):
-        if ln.startswith("VmRSS:"):
-            return int(ln.split()[1]) * 1024
+FILLS = HEAD_FILL + """
 live = torch.full((6 * MiB,), 9, dtype=torch.uint8)
 donor = torch.full((8 * MiB,), 7, dtype=torch.uint8)
 a = torch.empty(20 * MiB, dtype=torch.uint8).fill_(1)
@@ -504,14 +501,7 @@ def test_fills_move_spare_pages_into_a_block_handed_out():
 # user wrote in the backward from the cache's spare pages: here a 16 MiB tensor freed in
 # the forward. From the second task on (a pattern exists), writing D's backward part faults
 # nothing; all contents stay as written. Without fills it faults every task.
-BACKWARD_FILL = """
-import json, resource, sys, torch
-from rnntrain.compute import cpucache
-cpucache.FILL = sys.argv[1] == "1"
-assert cpucache.install(threshold=2**20) is None
-MiB = 2**20
-def flt():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+BACKWARD_FILL = HEAD_FILL + """
 def task(k):
     w = torch.empty(48 * MiB, dtype=torch.uint8)
     w[:16 * MiB].fill_(k)

@@ -441,7 +441,9 @@ class LargeCache final : public c10::Allocator {
       stale.clear();
       p = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (p == MAP_FAILED) {
-        for (const Cached& c : evict) munmap(c.ptr, c.bytes);
+        if (fill) {  // (without fills they were unmapped above)
+          for (const Cached& c : evict) munmap(c.ptr, c.bytes);
+        }
         std::lock_guard<std::mutex> g(mu_);
         stats_[kLive] -= want;
         TORCH_CHECK_WITH(OutOfMemoryError, false, "rnntrain cpucache: cannot map ", want,
