@@ -95,6 +95,10 @@ class TaskComputer:
         self.params = [p for p in model.parameters()]
         self.numel = sum(p.numel() for p in self.params)
         self.buffers: list[torch.Tensor] = []
+        # per buffer, its gradient part as one view per parameter (shaped like it): the
+        # task's gradients are copied in by one C++ call (``torch._foreach_copy_``), not
+        # by a Python-level reshape per parameter (each one a GIL hand-off on a worker)
+        self.grad_views: list[list[torch.Tensor]] = []
         self.precision, self.round_lengths = precision, round_lengths
         self.dtype = autocast_dtype(precision, device)
         # fp16 loss scale: the workers multiply the loss by it (owned by the step runner)
@@ -109,7 +113,13 @@ class TaskComputer:
 
     def ensure_buffers(self, n: int):
         while len(self.buffers) < n:
-            self.buffers.append(torch.zeros(self.numel + N_STATS, device=self.device))
+            buf = torch.zeros(self.numel + N_STATS, device=self.device)
+            self.buffers.append(buf)
+            views, off = [], 0
+            for p in self.params:
+                views.append(buf[off: off + p.numel()].view_as(p))
+                off += p.numel()
+            self.grad_views.append(views)
 
     def begin_step(self, n_tasks: int = 0, key: tuple[int, int, int] | None = None,
                    want_errors: bool | None = None,
@@ -173,7 +183,7 @@ class TaskComputer:
             scaled.backward()  # into flat's .grad views; the hooks start the buckets
             return Fence(self.device).mark()
         grads = torch.autograd.grad(scaled, self.params)
-        torch.cat([g.reshape(-1) for g in grads], out=buf[: self.numel])
+        torch._foreach_copy_(self.grad_views[task.index], grads)  # a copy: the same bits
         self._figures(buf[self.numel:], loss, lengths, log_probs, out_len, targets)
         return Fence(self.device).mark()
 
