@@ -74,6 +74,28 @@ def test_task_buffers_sum_to_full_batch_gradient(synth_pair, round_lengths):
     torch.testing.assert_close(flat.grad, ref_grad, rtol=1e-4, atol=1e-5)
 
 
+def test_task_buffer_holds_the_task_gradient_bit_for_bit(synth_pair):
+    """Each task buffer's gradient part is its task's ``autograd.grad`` output, parameter
+    after parameter in ``model.parameters()`` order (the per-parameter views the gradients
+    are copied into by one call), to the bit; the other task's buffer is its own."""
+    from rnntrain.compute.model import ctc_loss_sum
+    from rnntrain.compute.tasks import collate
+    frames, targets = batch(synth_pair)
+    torch.manual_seed(0)
+    model = CTCModel(frames[0].shape[1], 6, layers=2, hidden=12)
+    splits = [[0, 3, 5], [1, 2, 4]]
+    computer = TaskComputer(model, CPU)
+    run_tasks(computer, frames, targets, splits)
+    numel = sum(p.numel() for p in model.parameters())
+    for buf, split in zip(computer.buffers, splits):
+        order = sorted(split, key=lambda j: -len(frames[j]))  # as the task sorts them
+        x, lengths = collate([frames[j] for j in order])
+        lp, out_len = model(x, lengths)
+        loss = ctc_loss_sum(lp, out_len, [targets[j] for j in order], model.blank)
+        grads = torch.autograd.grad(loss, list(model.parameters()))
+        assert torch.equal(buf[:numel], torch.cat([g.reshape(-1) for g in grads]))
+
+
 def test_errors_only_when_asked(synth_pair):
     frames, targets = batch(synth_pair, 4)
     model = CTCModel(frames[0].shape[1], 6, layers=1, hidden=8)
