@@ -388,18 +388,18 @@ print(json.dumps(dict(out=out, base=base, moves=cpucache.moves(), stats=cpucache
 """
 
 
-def _moves_available() -> str | None:
-    """None where this kernel moves pages (a probe in a fresh process), else why not."""
+def _skip_without_moves():
+    """Skips the test unless this kernel moves pages (a probe in a fresh process)."""
     code = ("import json, torch\nfrom rnntrain.compute import cpucache\n"
             "why = cpucache.install()\nprint(json.dumps(why or cpucache.moves()))")
-    return _run(code)
+    why = _run(code)
+    if why is not None:
+        pytest.skip(f"no page moves here: {why}")
 
 
 @needs_cxx
 def test_pages_written_in_a_backward_move_into_the_next_workspace():
-    why = _moves_available()
-    if why is not None:
-        pytest.skip(f"no page moves here: {why}")
+    _skip_without_moves()
     on = _run(MOVES)
     off = _run(MOVES, env={"RNNTRAIN_CPUCACHE_MOVE": "off"})
     assert on["moves"] is None and off["moves"] == "RNNTRAIN_CPUCACHE_MOVE=off"
@@ -433,9 +433,7 @@ print(json.dumps(dict(rc=rc, stats=cpucache.stats(), note=allocator.note())))
 
 @needs_cxx
 def test_training_with_page_moves_changes_no_weight(synth_pair, tmp_path):
-    why = _moves_available()
-    if why is not None:
-        pytest.skip(f"no page moves here: {why}")
+    _skip_without_moves()
     train, _ = synth_pair
     weights, res = {}, {}
     for name, mode, env in (("moves", "capped", {}),
@@ -482,9 +480,7 @@ print(json.dumps(dict(ok=ok, faults=f1 - f0, grew=r1 - r0, stats=cpucache.stats(
 
 @needs_cxx
 def test_fills_move_spare_pages_into_a_block_handed_out():
-    why = _moves_available()
-    if why is not None:
-        pytest.skip(f"no page moves here: {why}")
+    _skip_without_moves()
     on, off = _run(FILLS, "1"), _run(FILLS, "0")
     pages = 4 * 2**20 // 4096
     assert on["ok"] and off["ok"], (on, off)
@@ -528,9 +524,7 @@ print(json.dumps(dict(out=out, stats=cpucache.stats())))
 
 @needs_cxx
 def test_a_backward_start_fills_the_first_workspace_from_spare_pages():
-    why = _moves_available()
-    if why is not None:
-        pytest.skip(f"no page moves here: {why}")
+    _skip_without_moves()
     on, off = _run(BACKWARD_FILL, "1"), _run(BACKWARD_FILL, "0")
     pages = 16 * 2**20 // 4096
     assert all(t["ok"] for t in on["out"] + off["out"]), (on, off)
