@@ -34,6 +34,8 @@ allocator.configure(ALLOCATOR)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+allocator.configure(ALLOCATOR)  # once torch is imported: the large-block cache, if any
+
 from data_tools.synth import write_synth
 from rnntrain.data.dataset import Dataset
 from rnntrain.compute.model import CTCModel, count_params

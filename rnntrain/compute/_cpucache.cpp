@@ -103,6 +103,7 @@ struct uffdio_move {
 namespace {
 
 constexpr size_t kPage = 4096;
+constexpr size_t kUnbounded = size_t{1} << 62;  // a slack this large: nothing evicted
 
 // Each thread's number (live blocks belong to the thread that asked for them) and whether
 // its last large allocation or free ran with grad mode off (a backward).
@@ -300,7 +301,7 @@ class LargeCache final : public c10::Allocator {
         }
       }
       if (moving) near = nearest(n);
-      if (larger >= 0 && cached_[larger].bytes - want <= want / fit_div_) fit = larger;
+      if (larger >= 0 && (keep_ || cached_[larger].bytes - want <= want / fit_div_)) fit = larger;
       if (moving && same < 0) {
         // moves on (reused blocks then hold their early pages only, so the choice does not
         // raise the peak): the block that costs fewest pages, those the request will likely
@@ -410,7 +411,7 @@ class LargeCache final : public c10::Allocator {
     // a block reused for another size drops the pages the next user will likely not touch;
     // with moves, any reused block also drops its late part (the pattern's early pages kept)
     std::vector<size_t> stale;  // fills: those pages, moved into the holes or dropped below
-    if (src.ptr != nullptr && (src.asked != n || (moving && !src.early.empty()))) {
+    if (src.ptr != nullptr && !keep_ && (src.asked != n || (moving && !src.early.empty()))) {
       if (fill) {
         size_t upto = std::min({src.bytes, want, np * kPage}) / kPage;
         for (size_t q = 0; q < upto; ++q) {
@@ -578,6 +579,7 @@ class LargeCache final : public c10::Allocator {
     threshold_ = std::max(threshold, kPage);
     stats_[kThreshold] = threshold_;
     stats_[kSlack] = slack;
+    keep_ = slack >= kUnbounded;
     fit_div_ = std::max<size_t>(fit_div, 1);
     ahead_pct_ = std::min<size_t>(ahead_pct, 100);
   }
@@ -913,6 +915,8 @@ class LargeCache final : public c10::Allocator {
   pid_t statm_pid_ = getpid();
   size_t threshold_ = SIZE_MAX;  // read without the lock: set before the allocator is in
   size_t fit_div_ = 8;
+  bool keep_ = false;        // unbounded (compute.allocator = "cache"): a larger block is
+                            // reused whole, no page dropped
   size_t ahead_pct_ = 100;  // % of a new block's pages not yet resident counted in the bound
   bool move_ = false;       // pages moved into live blocks (userfaultfd is open)
   bool fill_ = false;       // with moves: holes filled (allocate, snap_thread)

@@ -6,8 +6,10 @@ straight back to the kernel on ``free`` and unmaps a worker arena's heap once it
 every step faults all of that memory in again, one zeroed 4 KiB page at a time: on the
 reference model a third of a core went to the kernel (docs/threads.md, "The allocator").
 
-``cache`` tells glibc, before the workers start, to serve every thread from one arena
-(``M_ARENA_MAX`` 1: a worker's heap is never unmapped), every block from it, however large
+``cache`` tells glibc, before the workers start, to serve each thread from an arena of its
+own (``M_ARENA_MAX``: one per core and two; the workers do not wait for each other's
+malloc lock) and to keep each arena's heaps mapped once empty (``M_TOP_PAD`` 64 MiB: a
+worker's heap is never unmapped), every block from them, however large
 (``M_MMAP_MAX`` 0: glibc caps its mmap threshold at 32 MiB, and a step of the reference
 model allocates larger blocks: mapped fresh each time, they cost it 60,000-90,000 page
 faults per task) and to keep what is freed (``M_TRIM_THRESHOLD``): after the first steps
@@ -55,15 +57,35 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 import sys
 from typing import Literal
 
 from rnntrain.compute import cpucache
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -3, -4, -8
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -2, -3, -4, -8
 CACHE_CAP = 32 * 2**20  # bytes: under "capped", larger blocks are mapped and unmapped
 TOP_KEEP = 64 * 2**20  # bytes: under "capped", a larger free heap top goes back on free
 NEVER = 2**31 - 1  # M_TRIM_THRESHOLD: keep the top, however large
+# M_TOP_PAD under "cache": glibc unmaps a thread arena's extra heap (64 MiB each) once it
+# is empty unless the pad says to keep that much; kept, a worker's next task reuses its pages
+HEAP_KEEP = 64 * 2**20
+# under "cache": torch's blocks of at least this many bytes are kept by size outside glibc
+# (cpucache, never evicted: UNBOUNDED slack), so that no thread arena maps and unmaps them
+CACHE_LARGE = int(os.environ.get("RNNTRAIN_CACHE_LARGE", 32 * 2**20))
+CACHE_FIT_DIV = int(os.environ.get("RNNTRAIN_CACHE_FIT_DIV", 8))  # (experiment)
+
+
+def cache_arenas() -> int:
+    """M_ARENA_MAX under "cache": one arena per core and two more (the main thread, the
+    reader), so that each worker thread mallocs and frees in its own arena: with one
+    arena for all, two workers waited for its lock on every tensor they allocate or free
+    (docs/threads.md, "Each worker its own malloc arena")."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return cores + 2
 _applied: str | None = None
 _cache_note: str | None = None  # capped: "" = the large-block cache is in, else why not
 
@@ -107,11 +129,14 @@ def note() -> str | None:
             f"): glibc's settings alone, at about system's speed")
 
 
-def _large_cache():
-    """Under ``capped``, once torch is imported: install the large-block cache (once)."""
+def _large_cache(mode: str):
+    """Under ``capped`` (bounded) and ``cache`` (unbounded, no page moves), once torch is
+    imported: install the large-block cache (once)."""
     global _cache_note
     if _cache_note is None and "torch" in sys.modules:
-        _cache_note = cpucache.install() or ""
+        _cache_note = (cpucache.install() if mode == "capped" else
+                       cpucache.install(threshold=CACHE_LARGE, slack=cpucache.UNBOUNDED,
+                                        fit_div=CACHE_FIT_DIV, move=False)) or ""
 
 
 def configure(mode: Literal["cache", "capped", "system"]) -> bool:
@@ -127,14 +152,15 @@ def configure(mode: Literal["cache", "capped", "system"]) -> bool:
         libc = _libc()
         if libc is None:
             return False
-        params = ([(M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, NEVER)] if mode == "cache" else
+        params = ([(M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, NEVER), (M_TOP_PAD, HEAP_KEEP),
+                   (M_ARENA_MAX, cache_arenas())] if mode == "cache" else
                   # glibc's default mapping count, the cap, the top trimmed over TOP_KEEP
                   [(M_MMAP_MAX, 65536), (M_MMAP_THRESHOLD, CACHE_CAP),
-                   (M_TRIM_THRESHOLD, TOP_KEEP)])
-        ok = all(libc.mallopt(p, v) == 1 for p, v in (*params, (M_ARENA_MAX, 1)))
+                   (M_TRIM_THRESHOLD, TOP_KEEP), (M_ARENA_MAX, 1)])
+        ok = all(libc.mallopt(p, v) == 1 for p, v in params)
         _applied = mode if ok else None
         if not ok:
             return False
-    if mode == "capped":
-        _large_cache()
+    if mode == "capped" or (mode == "cache" and CACHE_LARGE > 0):
+        _large_cache(mode)
     return True

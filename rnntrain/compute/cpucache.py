@@ -48,6 +48,7 @@ from pathlib import Path
 
 THRESHOLD = 2**20      # bytes: blocks at least this large are cached by size
 SLACK = 32 * 2**20     # bytes: resident size <= its peak without the cache's free blocks + SLACK
+UNBOUNDED = 2**62      # a slack that never evicts (compute.allocator = "cache")
 FIT_DIV = 8            # a cached block up to 1/FIT_DIV larger than asked is reused whole
 AHEAD = 0              # % of a new block's pages not yet resident counted against the bound
 MOVE = True            # move pages written during a backward into the next live blocks
