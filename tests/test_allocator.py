@@ -17,15 +17,21 @@ from tests.conftest import ROOT, run_cli
 COMPILER = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
 
 # A worker thread (a new one, as the training workers are) mallocs a 20 MiB and a 64 MiB
-# block, as a step's LSTM workspaces are: glibc's default maps them from the kernel (and
-# unmaps them on free, so the next step faults every page in again; 32 MiB is the most
-# its mmap threshold can be raised to); "cache" serves both from the one heap, which keeps
-# what is freed. mallinfo2 (every arena): hblkhd = bytes in mapped blocks.
+# block, then allocates, touches and frees a 64 MiB torch tensor twice, as a step's LSTM
+# workspaces are. glibc's default maps the blocks from the kernel and unmaps them on free,
+# so the second tensor faults every page in again (32 MiB is the most its mmap threshold
+# can be raised to). "cache" serves the 20 MiB block from the thread's heap (mallinfo2's
+# hblkhd, bytes in mapped blocks over every arena, does not grow) and the second tensor
+# from the first one's pages, kept by the large-block cache. Prints whether the policy
+# applied, the mapped bytes of the two mallocs, the thread's minor page faults during the
+# first and the second tensor, and the run log's allocator line.
 PROBE = """
-import ctypes, sys, threading
+import ctypes, resource, sys, threading
 from rnntrain.compute import allocator
 applied = allocator.configure(sys.argv[1])
 import torch  # as in training: torch's own threads start after the policy
+allocator.configure(sys.argv[1])  # once torch is in: the large-block cache, if any
+torch.set_num_threads(1)  # every page touched by the thread that counts its faults
 class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in
                 "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks "
@@ -33,40 +39,88 @@ class Info(ctypes.Structure):
 libc = ctypes.CDLL("libc.so.6")
 libc.mallinfo2.restype = Info
 libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
 out = []
+def faults():
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
 def work():
     for mib in (20, 64):
         before = libc.mallinfo2().hblkhd
         p = libc.malloc(mib * 2**20)
         out.append(libc.mallinfo2().hblkhd - before)
         libc.free(p)
+    for _ in range(2):
+        f0 = faults()
+        t = torch.empty(64 * 2**20, dtype=torch.uint8).fill_(1)
+        del t
+        out.append(faults() - f0)
 th = threading.Thread(target=work); th.start(); th.join()
 print(applied, *out)
+print(allocator.note())
 """
 
 
-def _mapped(mode: str) -> tuple[str, list[int]]:
+def _probe(mode: str) -> tuple[str, list[int], str]:
+    # the PATH and CXX of the tests: the compiler that builds the large-block cache
+    env = {"PYTHONPATH": str(ROOT), "PATH": os.environ.get("PATH", ""),
+           **{k: os.environ[k] for k in ("CXX", "HOME", "XDG_CACHE_HOME") if k in os.environ}}
     p = subprocess.run([sys.executable, "-c", PROBE, mode], cwd=ROOT, capture_output=True,
-                       text=True, timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": ""})
+                       text=True, timeout=120, env=env)
     assert p.returncode == 0, p.stderr
-    applied, *mapped = p.stdout.split()
-    return applied, [int(m) for m in mapped]
+    first, note = p.stdout.splitlines()[-2:]
+    applied, *figures = first.split()
+    return applied, [int(m) for m in figures], note
 
 
 @pytest.mark.skipif(not hasattr(allocator._libc(), "mallinfo2"),
                     reason="not glibc >= 2.33: the policy does not apply")
-def test_cache_keeps_large_blocks_in_the_heap_system_maps_them():
-    applied_s, system = _mapped("system")
-    applied_c, cached = _mapped("cache")
-    applied_k, capped = _mapped("capped")
-    assert (applied_s, applied_c, applied_k) == ("False", "True", "True")
-    # mapped from the kernel, given back on free
-    assert system[0] >= 20 * 2**20 and system[1] >= 64 * 2**20
-    assert cached == [0, 0]       # from the heap that keeps freed memory
-    # "capped": up to its cap from that heap, over it mapped (never cached)
+def test_cache_keeps_large_blocks_system_maps_them_again():
+    pages = 64 * 2**20 // 4096
+    applied_s, (mapped_s, mapped64_s, first_s, second_s), _ = _probe("system")
+    applied_c, (mapped_c, mapped64_c, first_c, second_c), note_c = _probe("cache")
+    assert (applied_s, applied_c) == ("False", "True")
+    # mapped from the kernel, given back on free: the same tensor again faults every page
+    assert mapped_s >= 20 * 2**20 and mapped64_s >= 64 * 2**20
+    assert first_s >= pages * 0.9 and second_s >= pages * 0.9, (first_s, second_s)
+    assert mapped_c == 0  # "cache": from the thread's heap, kept there once freed
+    if not (COMPILER and os.environ.get("RNNTRAIN_CPUCACHE", "") in ("", "on", "1")):
+        # without the large-block cache: one arena for all (the next test)
+        assert "one malloc arena" in note_c and mapped64_c == 0, (note_c, mapped64_c)
+        return
+    assert "a malloc arena per thread" in note_c and "kept by size" in note_c, note_c
+    # the second tensor reuses the first one's pages (the large-block cache)...
+    assert first_c >= pages * 0.9 and second_c < pages * 0.05, (first_c, second_c)
+    # ...and only torch's blocks go there: a thread arena's heap holds 64 MiB at most, so
+    # glibc maps a raw 64 MiB malloc on its own (torch's come through the cache)
+    assert mapped64_c >= 64 * 2**20
+    # "capped": up to its cap from the one heap, over it mapped (never kept by glibc)
+    applied_k, (mapped_k, mapped64_k, *_), _ = _probe("capped")
+    assert applied_k == "True" and mapped_k == 0 and mapped64_k >= 64 * 2**20
     assert 20 * 2**20 <= allocator.CACHE_CAP < 64 * 2**20
-    assert capped[0] == 0 and capped[1] >= 64 * 2**20
+
+
+@pytest.mark.skipif(not hasattr(allocator._libc(), "mallinfo2"),
+                    reason="not glibc >= 2.33: the policy does not apply")
+def test_cache_without_its_large_block_cache_keeps_one_arena(tmp_path):
+    """No C++ compiler (or the cache turned off): `cache` serves every thread from one
+    arena as before, so that a worker's 64 MiB blocks come from the heap that keeps them
+    (a thread arena would map them afresh in every task: see the test above), and the log
+    line says why."""
+    env = {"PYTHONPATH": str(ROOT), "PATH": "", "RNNTRAIN_CPUCACHE": "off"}
+    p = subprocess.run([sys.executable, "-c", PROBE, "cache"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr
+    first, note = p.stdout.splitlines()[-2:]
+    applied, mapped, mapped64, *_ = first.split()
+    assert applied == "True" and int(mapped) == 0 and int(mapped64) == 0
+    assert note == "allocator: cache, one malloc arena for all threads (RNNTRAIN_CPUCACHE=off)"
+    # no compiler on the PATH and none named by CXX: the same, naming the compiler
+    env = {"PYTHONPATH": str(ROOT), "PATH": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path)}
+    p = subprocess.run([sys.executable, "-c", PROBE, "cache"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr
+    assert "one malloc arena for all threads (no C++ compiler" in p.stdout, p.stdout
 
 
 def test_allocator_changes_no_weight(synth_pair, tmp_path):

@@ -24,6 +24,11 @@
 // - smaller requests go to the allocator installed before (torch's default: posix_memalign,
 //   its profiling reports), under glibc's "capped" settings.
 //
+// - unbounded (slack >= kUnbounded: compute.allocator = "cache", blocks of 32 MiB and more):
+//   nothing is evicted, a larger cached block is always reused whole (no shrink, no page
+//   dropped: `keep_`) and no page is moved. The cache then only keeps the blocks that a
+//   worker's own malloc arena (64 MiB heaps) would map and unmap in every task.
+//
 // - moves (where the kernel has userfaultfd's UFFDIO_MOVE, Linux 6.8+): oneDNN's LSTM
 //   workspace is written in part by the forward and the rest by the backward, and the process
 //   peaks as the backward starts. So a block reused is handed out with only the pages its

@@ -6,18 +6,25 @@ straight back to the kernel on ``free`` and unmaps a worker arena's heap once it
 every step faults all of that memory in again, one zeroed 4 KiB page at a time: on the
 reference model a third of a core went to the kernel (docs/threads.md, "The allocator").
 
-``cache`` tells glibc, before the workers start, to serve each thread from an arena of its
-own (``M_ARENA_MAX``: one per core and two; the workers do not wait for each other's
-malloc lock) and to keep each arena's heaps mapped once empty (``M_TOP_PAD`` 64 MiB: a
-worker's heap is never unmapped), every block from them, however large
-(``M_MMAP_MAX`` 0: glibc caps its mmap threshold at 32 MiB, and a step of the reference
-model allocates larger blocks: mapped fresh each time, they cost it 60,000-90,000 page
-faults per task) and to keep what is freed (``M_TRIM_THRESHOLD``): after the first steps
-the process reuses its own pages. The price is a higher resident peak, since freed
-blocks of one shape cannot always serve the next shape: the reference model peaks 1.6x
-higher than under ``system``.
+``cache`` tells glibc, before the workers start, to keep what is freed
+(``M_TRIM_THRESHOLD``: after the first steps the process reuses its own pages) and to serve
+every block from its heaps, however large (``M_MMAP_MAX`` 0: glibc caps its mmap threshold
+at 32 MiB, and a step of the reference model allocates larger blocks: mapped fresh each
+time, they cost it 60,000-90,000 page faults per task). Each thread mallocs from an arena of
+its own (``M_ARENA_MAX``: one per core and two more), so two workers do not wait for each
+other's malloc lock on every tensor they allocate or free (with one arena for all, 67-72 %
+of their sleeps were on it: docs/threads.md, "What the second worker waits for"), and an
+arena keeps its heaps mapped once empty (``M_TOP_PAD`` 64 MiB). A thread arena's heap holds
+64 MiB at most, and glibc maps a larger block on its own whatever ``M_MMAP_MAX`` says, so
+torch's blocks of ``CACHE_LARGE`` (32 MiB) and more leave glibc for the large-block cache
+(below) without its bound: a freed block is kept as it is and handed out again by size, a
+larger one whole, and nothing is evicted. Where that cache cannot go in (no C++ compiler,
+``RNNTRAIN_CPUCACHE=off``) ``cache`` serves all threads from one arena, as it did before
+(``note`` says which). The price is a higher resident peak, since freed blocks of one shape
+cannot always serve the next shape: the reference model peaks 1.6x higher than under
+``system``.
 
-``capped`` bounds that peak and keeps the speed: the same single arena, and the large
+``capped`` bounds that peak and keeps the speed: one arena for all threads, and the large
 blocks (at least ``cpucache.THRESHOLD``, 1 MiB) leave glibc altogether. A cache in front of
 torch's CPU allocator (rnntrain/compute/cpucache.py and _cpucache.cpp, compiled on first
 use) keeps each freed one as its own mapping and hands it out again by size, so the
@@ -71,23 +78,26 @@ NEVER = 2**31 - 1  # M_TRIM_THRESHOLD: keep the top, however large
 # is empty unless the pad says to keep that much; kept, a worker's next task reuses its pages
 HEAP_KEEP = 64 * 2**20
 # under "cache": torch's blocks of at least this many bytes are kept by size outside glibc
-# (cpucache, never evicted: UNBOUNDED slack), so that no thread arena maps and unmaps them
-CACHE_LARGE = int(os.environ.get("RNNTRAIN_CACHE_LARGE", 32 * 2**20))
-CACHE_FIT_DIV = int(os.environ.get("RNNTRAIN_CACHE_FIT_DIV", 8))  # (experiment)
+# (cpucache, never evicted: UNBOUNDED slack): a thread arena's heap is 64 MiB at most, and
+# glibc maps a larger block on its own (whatever M_MMAP_MAX says) and unmaps it on free
+CACHE_LARGE = 32 * 2**20
 
 
 def cache_arenas() -> int:
-    """M_ARENA_MAX under "cache": one arena per core and two more (the main thread, the
-    reader), so that each worker thread mallocs and frees in its own arena: with one
-    arena for all, two workers waited for its lock on every tensor they allocate or free
-    (docs/threads.md, "Each worker its own malloc arena")."""
+    """M_ARENA_MAX under "cache" (with the large-block cache): one arena per core and two
+    more (the main thread, the reader), so that each worker thread mallocs and frees in its
+    own arena: with one arena for all, two workers waited for its lock on every tensor they
+    allocate or free (docs/threads.md, "What the second worker waits for")."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
     return cores + 2
+
+
 _applied: str | None = None
-_cache_note: str | None = None  # capped: "" = the large-block cache is in, else why not
+_cache_note: str | None = None  # "" = the large-block cache is in, else why not
+_arenas = 1  # M_ARENA_MAX as set (cache: one per thread where the large-block cache can go in)
 
 
 @functools.cache
@@ -114,8 +124,19 @@ def trim() -> bool:
 
 
 def note() -> str | None:
-    """One line for the run log on how ``capped`` runs (with its large-block cache, or why
-    without it); None under the other policies."""
+    """One line for the run log on how ``cache`` and ``capped`` run (with the large-block
+    cache, or why without it); None under ``system``."""
+    if _applied == "cache":
+        if _arenas == 1:  # decided before torch: no compiler, or the cache turned off
+            return (f"allocator: cache, one malloc arena for all threads "
+                    f"({_cache_note or cpucache.unavailable() or 'no large-block cache'})")
+        if _cache_note == "":
+            return (f"allocator: cache, a malloc arena per thread ({_arenas} at most), "
+                    f"blocks of {CACHE_LARGE / 2**20:g} MiB and more kept by size "
+                    f"(rnntrain.compute.cpucache)")
+        return (f"allocator: cache, a malloc arena per thread without its large-block cache "
+                f"({_cache_note or 'not installed'}): the largest blocks are mapped afresh "
+                f"in every task")
     if _applied != "capped":
         return None
     if _cache_note == "":
@@ -130,37 +151,40 @@ def note() -> str | None:
 
 
 def _large_cache(mode: str):
-    """Under ``capped`` (bounded) and ``cache`` (unbounded, no page moves), once torch is
-    imported: install the large-block cache (once)."""
+    """Once torch is imported: install the large-block cache (once), bounded under
+    ``capped``, unbounded without page moves under ``cache``."""
     global _cache_note
     if _cache_note is None and "torch" in sys.modules:
         _cache_note = (cpucache.install() if mode == "capped" else
                        cpucache.install(threshold=CACHE_LARGE, slack=cpucache.UNBOUNDED,
-                                        fit_div=CACHE_FIT_DIV, move=False)) or ""
+                                        move=False)) or ""
 
 
 def configure(mode: Literal["cache", "capped", "system"]) -> bool:
     """Set the allocator policy for this process (call before torch starts threads: the
-    arena limit only holds for threads that have not allocated yet). Returns True when
-    the policy took effect (glibc), False otherwise. Idempotent. Under ``capped`` the call
-    made once torch is imported installs the large-block cache (``cpucache``; ``note``
-    says whether it is in): `rnntrain train` calls it before and after importing torch."""
-    global _applied
+    arena limit holds from the first thread's first malloc on). Returns True when the
+    policy took effect (glibc), False otherwise. Idempotent. The call made once torch is
+    imported installs the large-block cache (``cpucache``; ``note`` says whether it is in):
+    `rnntrain train` calls it before and after importing torch. Under ``cache`` each thread
+    gets its own arena only where that cache can go in (``cpucache.unavailable``): without
+    it, a worker's blocks over its arena's 64 MiB heap would be mapped in every task."""
+    global _applied, _arenas
     if mode == "system":
         return False
     if _applied != mode:
         libc = _libc()
         if libc is None:
             return False
-        params = ([(M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, NEVER), (M_TOP_PAD, HEAP_KEEP),
-                   (M_ARENA_MAX, cache_arenas())] if mode == "cache" else
+        _arenas = cache_arenas() if mode == "cache" and cpucache.unavailable() is None else 1
+        params = ([(M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, NEVER)]
+                  + ([(M_TOP_PAD, HEAP_KEEP)] if _arenas > 1 else []) if mode == "cache" else
                   # glibc's default mapping count, the cap, the top trimmed over TOP_KEEP
                   [(M_MMAP_MAX, 65536), (M_MMAP_THRESHOLD, CACHE_CAP),
-                   (M_TRIM_THRESHOLD, TOP_KEEP), (M_ARENA_MAX, 1)])
-        ok = all(libc.mallopt(p, v) == 1 for p, v in params)
+                   (M_TRIM_THRESHOLD, TOP_KEEP)])
+        ok = all(libc.mallopt(p, v) == 1 for p, v in (*params, (M_ARENA_MAX, _arenas)))
         _applied = mode if ok else None
         if not ok:
             return False
-    if mode == "capped" or (mode == "cache" and CACHE_LARGE > 0):
+    if mode == "capped" or (mode == "cache" and _arenas > 1):
         _large_cache(mode)
     return True

@@ -48,7 +48,7 @@ from pathlib import Path
 
 THRESHOLD = 2**20      # bytes: blocks at least this large are cached by size
 SLACK = 32 * 2**20     # bytes: resident size <= its peak without the cache's free blocks + SLACK
-UNBOUNDED = 2**62      # a slack that never evicts (compute.allocator = "cache")
+UNBOUNDED = 2**62      # a slack that never evicts (compute.allocator = "cache": kept whole)
 FIT_DIV = 8            # a cached block up to 1/FIT_DIV larger than asked is reused whole
 AHEAD = 0              # % of a new block's pages not yet resident counted against the bound
 MOVE = True            # move pages written during a backward into the next live blocks
@@ -155,6 +155,22 @@ def _load() -> ctypes.CDLL:
         lib.rnntrain_cpucache_release.restype = ctypes.c_size_t
         _lib = lib
     return _lib
+
+
+def unavailable() -> str | None:
+    """Before torch is imported: None when ``install`` can likely put the cache in (Linux,
+    not turned off, a library named or a compiler to build one), else why not (one line).
+    ``allocator.configure("cache")`` asks it before any thread allocates, since the number
+    of malloc arenas it picks holds from the first thread's first malloc on."""
+    choice = os.environ.get(ENV, "")
+    if choice.lower() in ("off", "0", "no"):
+        return f"{ENV}={choice}"
+    if sys.platform != "linux":
+        return "not Linux (mmap/mremap)"
+    if choice not in ("", "on", "1"):
+        return None if Path(choice).is_file() else f"{ENV}={choice}: no such file"
+    cxx = _compiler()[0]
+    return None if shutil.which(cxx) else f"no C++ compiler ({cxx} not found; set CXX)"
 
 
 def install(threshold: int | None = None, slack: int | None = None,
