@@ -455,6 +455,7 @@ def ceiling_rows(data: Path, batch_frames: int, measured: float, rounds: int,
     from rnntrain.compute import allocator
     allocator.configure("cache")  # as `rnntrain train` runs (before torch's threads)
     import torch
+    allocator.configure("cache")  # once torch is imported: its large-block cache
     from rnntrain.compute.tasks import TaskComputer
     torch.manual_seed(0)
     ds, model, settings, chunks = ceiling_steps(data, batch_frames, 2, 8 if quick else 48,

@@ -26,6 +26,7 @@ from rnntrain.compute import allocator
 allocator.configure("cache")   # as `rnntrain train` does, before torch starts threads
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+allocator.configure("cache")  # once torch is imported: its large-block cache
 from torch.overrides import TorchFunctionMode  # noqa: E402
 
 from rnntrain.compute.model import CTCModel  # noqa: E402
