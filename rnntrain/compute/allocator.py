@@ -51,8 +51,8 @@ faults as ``cache`` (without fills 85-96 % and 91-106 %, median 94 %; docs/bench
 Elsewhere than glibc (musl, macOS) all three are the same. ``rnntrain eval`` and
 ``decode`` apply the checkpoint's policy as well.
 
-``trim`` hands the heap's free pages back to the kernel (``malloc_trim``), and under
-``capped`` the large-block cache's free blocks (``cpucache.release``). The loop calls
+``trim`` hands the heap's free pages back to the kernel (``malloc_trim``), and the
+large-block cache's free blocks (``cpucache.release``; under ``capped`` and ``cache``). The loop calls
 it when an epoch moves from one data chunk to the next: freed blocks that no later shape
 fits would otherwise pile up over a long epoch, and the resident peak would grow with the
 dataset (``bench reader``: +17 % for 10x the data without it, -1 to +7 % with it). A chunk
@@ -115,8 +115,8 @@ def _libc():
 
 def trim() -> bool:
     """Return the heap's free pages to the kernel, under ``cache`` and ``capped`` only
-    (glibc's own policy already does under ``system``), and under ``capped`` the large-block
-    cache's free blocks too. True when something was released."""
+    (glibc's own policy already does under ``system``), and the large-block cache's free
+    blocks too where it is in. True when something was released."""
     if _applied not in ("cache", "capped"):
         return False
     released = _cache_note == "" and cpucache.release() > 0

@@ -1,4 +1,5 @@
-"""The large-block cache behind torch's CPU allocator (``compute.allocator = "capped"``).
+"""The large-block cache behind torch's CPU allocator (``compute.allocator = "capped"``;
+under ``"cache"`` too, for blocks of 32 MiB and more, unbounded: ``allocator.CACHE_LARGE``).
 
 ``_cpucache.cpp`` (shipped with the package; its header has the details) replaces torch's
 CPU allocator (``c10::SetCPUAllocator``, which only C++ can call) with one that keeps freed
