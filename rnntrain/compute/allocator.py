@@ -89,9 +89,9 @@ def cache_arenas() -> int:
     more (the main thread, the reader), so that each worker thread mallocs and frees in its
     own arena: with one arena for all, two workers waited for its lock on every tensor they
     allocate or free (docs/threads.md, "What the second worker waits for")."""
-    try:
+    try:  # as compute.pool.usable_cores, which imports torch: this module must not
         cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
+    except (AttributeError, OSError):  # not on Linux
         cores = os.cpu_count() or 1
     return cores + 2
 
@@ -130,7 +130,7 @@ def note() -> str | None:
     if _applied == "cache":
         if _arenas == 1:  # decided before torch: no compiler, or the cache turned off
             return (f"allocator: cache, one malloc arena for all threads "
-                    f"({_cache_note or cpucache.unavailable() or 'no large-block cache'})")
+                    f"({cpucache.unavailable() or 'no large-block cache'})")
         if _cache_note == "":
             return (f"allocator: cache, a malloc arena per thread ({_arenas} at most), "
                     f"blocks of {CACHE_LARGE / 2**20:g} MiB and more kept by size "
