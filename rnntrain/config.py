@@ -43,6 +43,7 @@ Schedule = Literal["constant", "cosine", "step"]
 Precision = Literal["fp32", "bf16", "fp16"]
 ComputePrecision = Literal["fp32", "bf16", "fp16", "auto"]
 PlanStrategy = Literal["auto", "length", "sharded", "random"]
+LstmKernel = Literal["scan", "onednn"]
 Allocator = Literal["cache", "capped", "system"]
 ExchangeMode = Literal["allreduce", "master"]
 DistBackend = Literal["auto", "mpi", "torch"]
@@ -221,6 +222,14 @@ class ComputeConfig(Section):
     fp32. "auto": time a few steps of fp32 and of bf16 on the model and the epoch plan's
     first batches at start-up (on copies of the weights) and train in the faster; the
     choice is logged and kept in the checkpoints, so a resume reuses it"""
+    lstm: LstmKernel = "scan"
+    """the CPU's LSTM kernel. "scan": rnntrain's own recurrence (rnntrain.compute.lstmscan),
+    compiled on first use with the system's C++ compiler for this CPU: no fixed cost per
+    call or per time step, so small tasks and two workers pay less (docs/threads.md, "The
+    LSTM kernel"); fp32 only, so bf16 and a machine without a compiler run oneDNN's (the
+    run log says which). "onednn": torch's nn.LSTM kernel (all rnntrain ran before this
+    setting; checkpoints without it load with it). The two differ in the last bits of every sum, so a run keeps one kernel
+    for its whole life; CUDA runs cuDNN's either way"""
     deterministic: bool = True
     """CUDA: deterministic cuDNN kernels (the CPU path always is)"""
     threads: int = non_negative(0)

@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from rnntrain.compute import lstmscan
+
 
 def stack_frames(x: torch.Tensor, lengths: torch.Tensor, k: int):
     """Stack k consecutive frames into one. x: (T, N, F) → (ceil(T/k), N, k*F).
@@ -128,8 +130,11 @@ def _zero_state(rnn: nn.LSTM, x: torch.Tensor):
 class CTCModel(nn.Module):
     def __init__(self, input_size: int, num_labels: int, layers: int = 2, hidden: int = 128,
                  bidirectional: bool = True, subsample: int = 1, cell: str = "lstm",
-                 dropout: float = 0.0, frontend: nn.Module | None = None):
+                 dropout: float = 0.0, frontend: nn.Module | None = None, lstm: str = "scan"):
         super().__init__()
+        # compute.lstm: the CPU's LSTM kernel ("scan" falls back to oneDNN where it cannot
+        # run: bf16 autocast, no compiler); not a parameter, so not in the state_dict
+        self.lstm = lstm
         self.input_size, self.num_classes, self.subsample = input_size, num_labels + 1, subsample
         self.dropout = dropout
         self.blank = num_labels
@@ -149,6 +154,12 @@ class CTCModel(nn.Module):
             size = hidden * dirs
         self.out = nn.Linear(size, self.num_classes)
 
+    def _scan(self, x: torch.Tensor) -> bool:
+        """Whether this batch's LSTM layers run rnntrain's recurrence (``lstmscan``): chosen,
+        fp32 or fp64 (under bf16 autocast oneDNN's bf16 kernels run), and compiled."""
+        return self.lstm == "scan" and x.dtype in (torch.float32, torch.float64) \
+            and not torch.is_autocast_enabled("cpu") and lstmscan.unavailable() is None
+
     def forward(self, x: torch.Tensor, lengths: torch.Tensor,
                 generator: torch.Generator | None = None):
         """x: (T, N, F) zero-padded, lengths: (N,) int64 on CPU.
@@ -167,7 +178,9 @@ class CTCModel(nn.Module):
                 if x.device.type == "cuda":
                     mask = mask.pin_memory().to(x.device, non_blocking=True)
                 x = x * (mask.to(x.device) / keep)  # one mask per sequence, shared over time
-            if isinstance(rnn, nn.LSTM) and x.device.type == "cpu":
+            if isinstance(rnn, nn.LSTM) and x.device.type == "cpu" and self._scan(x):
+                x = lstmscan.lstm_scan(rnn, x, lengths)
+            elif isinstance(rnn, nn.LSTM) and x.device.type == "cpu":
                 if geom is None:
                     geom = PaddedGeometry(x.shape[0], lengths, x.device)
                 x = lstm_padded(rnn, x, lengths, geom)
@@ -221,9 +234,11 @@ def check_memory(mcfg, input_size: int, num_labels: int, copies: int, memory_byt
                       f"{memory_bytes / 2**30:,.1f} GiB of memory here")
 
 
-def build_model(mcfg, input_size: int, num_labels: int, height: int = 1) -> CTCModel:
+def build_model(mcfg, input_size: int, num_labels: int, height: int = 1,
+                lstm: str = "scan") -> CTCModel:
     """input_size: values per input frame; height: pixels per column when frames are image
-    columns (``Dataset.frame_height``; input_size = height × channels)."""
+    columns (``Dataset.frame_height``; input_size = height × channels); lstm: the CPU's
+    LSTM kernel (``compute.lstm``)."""
     frontend = None
     if getattr(mcfg, "frontend", "none") == "conv":
         from rnntrain.compute.conv import ConvFrontEnd
@@ -232,7 +247,7 @@ def build_model(mcfg, input_size: int, num_labels: int, height: int = 1) -> CTCM
                                 mcfg.conv_kernel, list(mcfg.conv_pool_h),
                                 list(mcfg.conv_pool_w), mcfg.conv_norm, mcfg.conv_dropout)
     return CTCModel(input_size, num_labels, mcfg.layers, mcfg.hidden, mcfg.bidirectional,
-                    mcfg.subsample, mcfg.cell, mcfg.dropout, frontend)
+                    mcfg.subsample, mcfg.cell, mcfg.dropout, frontend, lstm)
 
 
 def total_subsample(mcfg) -> int:

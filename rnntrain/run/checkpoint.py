@@ -126,10 +126,14 @@ class ModelCard:
             raise UserError(f"{where}: its config does not fit this rnntrain ({e})") from None
 
     def build(self, where=""):
-        """The untrained network of this card (``compute.model.CTCModel``)."""
+        """The untrained network of this card (``compute.model.CTCModel``), with the LSTM
+        kernel it was trained with (``compute.lstm``; a card from before that setting:
+        "onednn", the only kernel there was), so that it transcribes as it trained."""
         from rnntrain.compute.model import build_model
+        lstm = (self.config.get("compute") or {}).get("lstm", "onednn")
         return build_model(self.model_config(where), self.frame_size, len(self.labels),
-                           max(self.image_height, 1))
+                           max(self.image_height, 1), lstm if lstm in ("scan", "onednn")
+                           else "onednn")
 
     def input_side(self) -> dict:
         """What data must match to be fed to this model (fine-tuning checks it)."""

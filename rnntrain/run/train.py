@@ -21,7 +21,7 @@ import torch
 from tqdm import tqdm
 
 from rnntrain.augment import Augmenter
-from rnntrain.compute import allocator
+from rnntrain.compute import allocator, lstmscan
 from rnntrain.compute.device import autocast_dtype, host_every, memory_bytes, pick_device
 from rnntrain.compute.model import (build_model, check_memory, count_params,
                                     init_blank_bias, init_uniform, total_subsample)
@@ -152,7 +152,8 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
                  5 + workers * cfg.compute.tasks_per_worker, memory_bytes(device))
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model, train_ds.frame_size, len(card.labels),
-                        train_ds.frame_height)
+                        train_ds.frame_height, cfg.compute.lstm)
+    log.info(lstmscan.note(cfg.compute.lstm, device.type, cfg.compute.precision))
     if cfg.model.cell == "peephole":
         init_uniform(model, 0.1)
     init_blank_bias(model, cfg.model.blank_bias)
