@@ -5,8 +5,12 @@ output, the layer that costs most) on one task of N sequences of about T frames,
 backward on one thread, as a worker computes it. Variants, each checked against the
 baseline's output and input gradient before it is timed:
 
-- **baseline**: what rnntrain runs (``model.lstm_padded``): one oneDNN call per direction,
-  the backward direction on each sequence reversed within its length, padding masked.
+- **baseline**: oneDNN (``compute.lstm = "onednn"``, ``model.lstm_padded``): one oneDNN
+  call per direction, the backward direction on each sequence reversed within its length,
+  padding masked.
+- **rnntrain's recurrence** (``compute.lstm = "scan"``, the default: ``compute.lstmscan``):
+  the input GEMM and the weight gradients by torch, the recurrence compiled, both
+  directions in one call.
 - **one call, both directions**: ``nn.LSTM(bidirectional=True)`` in one call. Exact only
   when all lengths are equal (its backward direction starts at the padded end), so it is
   timed on equal lengths: the most that merging the two calls could give.
@@ -20,7 +24,12 @@ baseline's output and input gradient before it is timed:
   several small tasks' recurrent steps as one batch would gain per frame.
 
 Times are the best of several rounds, variants interleaved round by round so that a change
-in machine load hits all alike. Run alone: ``python -m bench.kernels [--quick]``.
+in machine load hits all alike. This task keeps one shape, so oneDNN finds its primitive
+in its cache from the second call on; training gives every task a new shape. So a second
+table runs both kernels as training does: the default model's two BLSTM layers (2x128, 20
+inputs) on the task shapes of the default config's plan (N sequences of T frames, the
+median and the ends of its range), a new T at every call, each kernel's median over the
+calls. Run alone: ``python -m bench.kernels [--quick]``.
 """
 from __future__ import annotations
 
@@ -109,7 +118,51 @@ def _check(rnn, x, lengths, fn, tol) -> float:
     return rel
 
 
+# (N, T) of the default config's tasks (configs/default.toml, 2000 sequences of the synthetic
+# task, one worker: 10th/50th/90th percentiles N 9/46/85, T 26/64/153), and two halves
+TRAINING_SHAPES = ((9, 150), (23, 64), (46, 64), (46, 32), (85, 26))
+
+
+def training_shapes(quick: bool) -> list[str]:
+    """The default model's two layers under both kernels, each call a new shape."""
+    from rnntrain.compute import lstmscan
+    from rnntrain.compute.model import PaddedGeometry
+    if lstmscan.unavailable() is not None:
+        return [f"rnntrain's recurrence unavailable ({lstmscan.unavailable()}): not measured.", ""]
+    torch.manual_seed(0)
+    l1, l2 = nn.LSTM(20, 128, bidirectional=True), nn.LSTM(256, 128, bidirectional=True)
+
+    def two_layers(kind, x, lengths):
+        if kind == "scan":
+            return lstmscan.lstm_scan(l2, lstmscan.lstm_scan(l1, x, lengths), lengths)
+        g = PaddedGeometry(x.shape[0], lengths, x.device)
+        return lstm_padded(l2, lstm_padded(l1, x, lengths, g), lengths, g)
+
+    calls = 4 if quick else 15
+    lines = ["| task (N x T) | oneDNN ms | rnntrain's recurrence ms | speed-up |",
+             "|---|---:|---:|---:|"]
+    tot = {"onednn": 0.0, "scan": 0.0}
+    for n, t in TRAINING_SHAPES[:2] if quick else TRAINING_SHAPES:
+        times = {"onednn": [], "scan": []}
+        for c in range(calls + 2):
+            tt = t + c                                   # a new shape every call
+            lengths = torch.full((n,), tt)
+            lengths[n // 2:] = tt - 2
+            x = torch.randn(tt, n, 20) * (torch.arange(tt)[:, None] < lengths).unsqueeze(-1)
+            for kind in times:                           # interleaved
+                times[kind].append(_step(lambda a, b: two_layers(kind, a, b), x, lengths))
+        med = {k: sorted(v[2:])[len(v[2:]) // 2] * 1e3 for k, v in times.items()}
+        for k in tot:
+            tot[k] += med[k]
+        lines.append(f"| {n} x {t} | {med['onednn']:.1f} | {med['scan']:.1f} | "
+                     f"{med['onednn'] / med['scan']:.2f}x |")
+    lines.append(f"| all | {tot['onednn']:.1f} | {tot['scan']:.1f} | "
+                 f"{tot['onednn'] / tot['scan']:.2f}x |")
+    return lines + [""]
+
+
 def run(quick: bool = False) -> str:
+    from rnntrain.compute import lstmscan
     torch.set_num_threads(1)
     torch.manual_seed(0)
     rnn = nn.LSTM(F, H, bidirectional=True)
@@ -119,13 +172,16 @@ def run(quick: bool = False) -> str:
     xe, le = _task(n, t, equal=True)
     base = lambda a, b: lstm_padded(rnn, a, b)                      # noqa: E731
     variants = {
-        "baseline (rnntrain: one oneDNN call per direction)": (base, x, lengths, None),
+        "baseline (oneDNN: one call per direction)": (base, x, lengths, None),
         "one call, both directions (equal lengths only)": (lambda a, b: rnn(a)[0], xe, le, None),
         "hand-written, one input GEMM (fp32)": (lambda a, b: handwritten(rnn, a, b), x, lengths,
                                                 1e-4),
         "hand-written, input GEMM in bf16": (lambda a, b: handwritten(rnn, a, b, True), x,
                                              lengths, 5e-2),
     }
+    if lstmscan.unavailable() is None:
+        variants["rnntrain's recurrence (compute.lstm = \"scan\", the default)"] = (
+            lambda a, b: lstmscan.lstm_scan(rnn, a, b), x, lengths, 1e-4)
     diffs = {}
     for name, (fn, xx, ll, tol) in variants.items():
         if tol is not None:
@@ -154,7 +210,13 @@ def run(quick: bool = False) -> str:
         d = f"{diffs[name]:.1e}" if name in diffs else ("-" if name.startswith("baseline")
                                                         else "equal lengths, not comparable")
         lines.append(f"| {name} | {fr:,.0f} | {fr / b0:.2f}x | {d} |")
-    lines += ["", "Batching small tasks (baseline kernel, N sequences per task, same T):", "",
+    lines += ["", "Training's shapes: the default model's two BLSTM layers (2x128, 20 inputs), "
+              "forward + backward, one thread, on tasks of N sequences of about T frames (half "
+              "of them 2 shorter), a new T at every call as in training (oneDNN builds a new "
+              "primitive per shape), median of "
+              f"{4 if quick else 15} calls, the kernels interleaved:", ""]
+    lines += training_shapes(quick)
+    lines += ["Batching small tasks (baseline kernel, N sequences per task, same T):", "",
               "| N | frames/s | vs N=" + str(n) + " |", "|---:|---:|---:|"]
     ref = float(tasks_n[n][1].sum()) / best_n[n]
     for k in ns:

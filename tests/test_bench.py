@@ -110,6 +110,12 @@ def test_kernel_experiments_compute_the_same_layer_as_training():
     assert len(set(lengths.tolist())) > 1   # padding inside the task: the case that matters
     fn = lambda a, b: kernels.handwritten(rnn, a, b)   # noqa: E731
     assert kernels._check(rnn, x, lengths, fn, 1e-4) < 1e-4
+    from rnntrain.compute import lstmscan
+    if lstmscan.unavailable() is None:   # the default kernel against oneDNN's, likewise
+        fn = lambda a, b: lstmscan.lstm_scan(rnn, a, b)   # noqa: E731
+        assert kernels._check(rnn, x, lengths, fn, 1e-4) < 1e-4
+        rows = kernels.training_shapes(quick=True)   # both kernels on training's shapes
+        assert [r.split(" |")[0] for r in rows[2:-1]] == ["| 9 x 150", "| 23 x 64", "| all"]
 
 
 def test_threads_bench_python_edit_distance_counts_what_the_step_counts():

@@ -101,7 +101,7 @@ def test_choices_and_limits_live_on_the_fields():
                     load_config(None, ["data.train=x.nc", f"{sec.name}.{f.name}={bad}"])
     # frontend, conv_norm, backend, progress, overlap, allocator, augment.preset,
     # init_alphabet, average, ...
-    assert n_choice == 17 and n_limit >= 27
+    assert n_choice == 18 and n_limit >= 27
 
 
 # ---- documentation, freezing, [train] split by concern (old keys still accepted)

@@ -1,15 +1,19 @@
 """The compiled LSTM recurrence (``compute.lstm = "scan"``) against the packed-sequence
 ``nn.LSTM`` (values and every gradient, float64), in float32 against the oneDNN path, and
-bit-identical from one call to the next."""
+bit-identical from one call to the next; the model, the checkpoint and the trainer pick
+the kernel the config names, and without a compiler train exactly as "onednn" does."""
+import hashlib
+
 import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from conftest import run_cli
 from rnntrain.compute import lstmscan
-from rnntrain.compute.model import lstm_padded
+from rnntrain.compute.model import CTCModel, lstm_padded
 
-pytestmark = pytest.mark.skipif(lstmscan.unavailable() is not None,
-                                reason=f"no compiled recurrence: {lstmscan.unavailable()}")
+compiled = pytest.mark.skipif(lstmscan.unavailable() is not None,
+                              reason=f"no compiled recurrence: {lstmscan.unavailable()}")
 
 
 def _batch(lens, f, dtype, seed=3):
@@ -22,6 +26,7 @@ def _batch(lens, f, dtype, seed=3):
     return x.requires_grad_(True), lens, g
 
 
+@compiled
 # H = 16 and 40: whole vector blocks and a partial last block (40 = 2.5 blocks of 16 doubles)
 @pytest.mark.parametrize("hidden", [16, 40])
 @pytest.mark.parametrize("bidirectional", [True, False])
@@ -44,6 +49,7 @@ def test_scan_matches_packed_lstm(hidden, bidirectional, lens):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
+@compiled
 def test_scan_float32_matches_onednn_and_repeats_bit_for_bit():
     x, lens, g = _batch([40, 33, 40, 12, 27, 39, 5, 31, 40, 18], 20, torch.float32)
     rnn = torch.nn.LSTM(20, 128, bidirectional=True)
@@ -59,3 +65,73 @@ def test_scan_float32_matches_onednn_and_repeats_bit_for_bit():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-5)
     for a, b in zip(grads[1], grads[2]):
         assert torch.equal(a, b)
+
+
+@compiled
+def test_model_runs_the_kernel_it_names():
+    """CTCModel(lstm=...) on the same weights: "scan" equals the packed path's maths as
+    "onednn" does (float64), and its LSTM layers really run the compiled recurrence (the
+    autograd graph holds its backward, not oneDNN's)."""
+    torch.manual_seed(0)
+    a = CTCModel(5, 4, layers=2, hidden=6, lstm="scan").double()
+    b = CTCModel(5, 4, layers=2, hidden=6, lstm="onednn").double()
+    b.load_state_dict(a.state_dict())
+    lengths = torch.tensor([9, 4, 7, 2])
+    x = torch.randn(9, 4, 5, dtype=torch.double)
+    x[torch.arange(9).unsqueeze(1) >= lengths.unsqueeze(0)] = 0.0
+    ya, yb = a(x, lengths)[0], b(x, lengths)[0]
+    valid = torch.arange(9).unsqueeze(1) < lengths.unsqueeze(0)
+    torch.testing.assert_close(ya[valid], yb[valid], rtol=1e-12, atol=1e-12)
+
+    def graph(y):
+        seen, todo = set(), [y.grad_fn]
+        while todo:
+            f = todo.pop()
+            if f is not None and f not in seen:
+                seen.add(f)
+                todo += [g for g, _ in f.next_functions]
+        return {type(f).__name__ for f in seen}
+    assert "_ScanBackward" in graph(ya) and "_ScanBackward" not in graph(yb)
+    assert not any("Mkldnn" in n or "Lstm" in n for n in graph(ya)), graph(ya)
+
+
+def test_checkpoint_builds_the_kernel_it_was_trained_with():
+    """A card names its run's compute.lstm; one from before the setting ran oneDNN."""
+    from rnntrain.run.checkpoint import ModelCard
+    for compute, kernel in (({"lstm": "scan"}, "scan"), ({"lstm": "onednn"}, "onednn"),
+                            ({}, "onednn")):
+        card = ModelCard(["a", "b"], 3, 3, config={"model": {"layers": 1, "hidden": 4},
+                                                   "compute": compute})
+        assert card.build().lstm == kernel
+
+
+def _digest(ckpt):
+    sd = torch.load(ckpt, weights_only=True)["model"]
+    h = hashlib.sha256()
+    for k in sorted(sd):
+        h.update(k.encode() + sd[k].numpy().tobytes())
+    return h.hexdigest()
+
+
+def test_without_a_compiler_training_is_onednns_bit_for_bit(synth_pair, tmp_path):
+    """No C++ compiler on the PATH and no built library: compute.lstm = "scan" trains with
+    oneDNN's kernel, the log says why, and the weights are those of "onednn"; with the
+    compiler the log names the compiled library."""
+    train, _ = synth_pair
+    args = ("rnntrain", "train", f"data.train={train}", "model.layers=2", "model.hidden=16",
+            "train.epochs=1", "batch.batch_frames=600", "compute.threads=2")
+    bare = {"PATH": str(tmp_path / "bin"), "XDG_CACHE_HOME": str(tmp_path / "cache"),
+            "RNNTRAIN_CPUCACHE": "off"}
+    (tmp_path / "bin").mkdir()
+    runs = {}
+    for name, extra, env in (("fallback", [], bare), ("onednn", ["compute.lstm=onednn"], bare),
+                             ("scan", [], None)):
+        p = run_cli(*args, *extra, f"run.dir={tmp_path / name}", env=env)
+        assert p.returncode == 0, p.stderr[-2000:]
+        runs[name] = (p.stdout + p.stderr, _digest(tmp_path / name / "checkpoints" / "last.pt"))
+    assert "lstm: oneDNN's kernel, rnntrain's recurrence is unavailable (no C++ compiler" \
+        in runs["fallback"][0], runs["fallback"][0]
+    assert 'lstm: oneDNN\'s kernel (compute.lstm = "onednn")' in runs["onednn"][0]
+    assert runs["fallback"][1] == runs["onednn"][1]
+    if lstmscan.unavailable() is None:
+        assert "lstm: rnntrain's compiled recurrence (_lstmscan-" in runs["scan"][0]
