@@ -50,9 +50,12 @@ def test_scan_matches_packed_lstm(hidden, bidirectional, lens):
 
 
 @compiled
-def test_scan_float32_matches_onednn_and_repeats_bit_for_bit():
+# 128 cells: whole blocks of 64 floats; 40: in the backward's product (40 columns) two
+# vectors of 16 and 8 columns one by one; 96 (the FSDD recipe's): a block and a half
+@pytest.mark.parametrize("hidden", [128, 40, 96])
+def test_scan_float32_matches_onednn_and_repeats_bit_for_bit(hidden):
     x, lens, g = _batch([40, 33, 40, 12, 27, 39, 5, 31, 40, 18], 20, torch.float32)
-    rnn = torch.nn.LSTM(20, 128, bidirectional=True)
+    rnn = torch.nn.LSTM(20, hidden, bidirectional=True)
     w = None
     grads = []
     for fn in (lambda: lstm_padded(rnn, x, lens), lambda: lstmscan.lstm_scan(rnn, x, lens),

@@ -134,36 +134,49 @@ void pack(F* P, int K, int M, Src src) {
             }
 }
 
-// C[r][m0:m0+BW] = X[r][m0:m0+BW] + sum_k A[r][k] B[k][m0:m0+BW] for r < NB: one block p of the packed B
-// (K x BW, a few KB to tens of KB: it stays in L1 while every row block passes).
-template <class F, int NB>
-void gemm_block(F* const* C, const F* const* X, const F* const* A, const F* p, int K, int m0,
-                int M) {
+// C[r][m0:m0+NV*W] = X[r][...] + sum_k A[r][k] B[k][m0:m0+NV*W] for r < NB: NV vectors of
+// one block p of the packed B (K x BW, rows BW apart; a few KB to tens of KB: it stays in
+// cache while every row block passes). NV < 4: the last block of a width that is not a
+// multiple of BW (the 96 cells of the FSDD recipe: a block and a half).
+template <class F, int NB, int NV>
+void gemm_block(F* const* C, const F* const* X, const F* const* A, const F* p, int K, int m0) {
     typedef typename Vec<F>::v V;
     constexpr int W = Vec<F>::W, BW = 4 * W;
-    if (m0 + BW <= M) {
-        V acc[NB][4];
-        for (int r = 0; r < NB; ++r)
-            for (int j = 0; j < 4; ++j) acc[r][j] = load<F>(X[r] + m0 + j * W);
-        for (int k = 0; k < K; ++k, p += BW) {
-            const V b0 = load<F>(p), b1 = load<F>(p + W), b2 = load<F>(p + 2 * W),
-                    b3 = load<F>(p + 3 * W);
-            for (int r = 0; r < NB; ++r) {
-                const V a = splat<F>(A[r][k]);
-                acc[r][0] += a * b0; acc[r][1] += a * b1;
-                acc[r][2] += a * b2; acc[r][3] += a * b3;
-            }
+    V acc[NB][NV];
+    for (int r = 0; r < NB; ++r)
+        for (int j = 0; j < NV; ++j) acc[r][j] = load<F>(X[r] + m0 + j * W);
+    for (int k = 0; k < K; ++k, p += BW) {
+        V bv[NV];
+        for (int j = 0; j < NV; ++j) bv[j] = load<F>(p + j * W);
+        for (int r = 0; r < NB; ++r) {
+            const V a = splat<F>(A[r][k]);
+            for (int j = 0; j < NV; ++j) acc[r][j] += a * bv[j];
         }
-        for (int r = 0; r < NB; ++r)
-            for (int j = 0; j < 4; ++j) store<F>(C[r] + m0 + j * W, acc[r][j]);
-    } else {  // the last, partial block
-        for (int r = 0; r < NB; ++r)
-            for (int m = m0; m < M; ++m) {
-                F s = X[r][m];
-                for (int k = 0; k < K; ++k) s += A[r][k] * p[(int64_t)k * BW + m - m0];
-                C[r][m] = s;
-            }
     }
+    for (int r = 0; r < NB; ++r)
+        for (int j = 0; j < NV; ++j) store<F>(C[r] + m0 + j * W, acc[r][j]);
+}
+
+// The same for NB rows by the block's width in whole vectors (nv of 1..4), then the
+// columns past the last whole vector one by one (a width that is not a multiple of W).
+template <class F, int NB>
+void gemm_rows(F* const* C, const F* const* X, const F* const* A, const F* p, int K, int m0,
+               int M) {
+    constexpr int W = Vec<F>::W, BW = 4 * W;
+    const int width = M - m0 < BW ? M - m0 : BW, nv = width / W;
+    switch (nv) {
+        case 4: gemm_block<F, NB, 4>(C, X, A, p, K, m0); break;
+        case 3: gemm_block<F, NB, 3>(C, X, A, p, K, m0); break;
+        case 2: gemm_block<F, NB, 2>(C, X, A, p, K, m0); break;
+        case 1: gemm_block<F, NB, 1>(C, X, A, p, K, m0); break;
+        default: break;
+    }
+    for (int r = 0; r < NB; ++r)
+        for (int m = m0 + nv * W; m < m0 + width; ++m) {
+            F s = X[r][m];
+            for (int k = 0; k < K; ++k) s += A[r][k] * p[(int64_t)k * BW + m - m0];
+            C[r][m] = s;
+        }
 }
 
 // C[r][0:M] = X[r][0:M] + sum_k A[r][k] B[k][0:M] for r < rows (X may be C), B packed by
@@ -176,13 +189,13 @@ void gemm(F* const* C, const F* const* X, const F* const* A, const F* P, int row
         const F* p = P + (int64_t)b * K * BW;
         const int m0 = b * BW;
         int r = 0;
-        for (; r + 6 <= rows; r += 6) gemm_block<F, 6>(C + r, X + r, A + r, p, K, m0, M);
+        for (; r + 6 <= rows; r += 6) gemm_rows<F, 6>(C + r, X + r, A + r, p, K, m0, M);
         switch (rows - r) {
-            case 5: gemm_block<F, 5>(C + r, X + r, A + r, p, K, m0, M); break;
-            case 4: gemm_block<F, 4>(C + r, X + r, A + r, p, K, m0, M); break;
-            case 3: gemm_block<F, 3>(C + r, X + r, A + r, p, K, m0, M); break;
-            case 2: gemm_block<F, 2>(C + r, X + r, A + r, p, K, m0, M); break;
-            case 1: gemm_block<F, 1>(C + r, X + r, A + r, p, K, m0, M); break;
+            case 5: gemm_rows<F, 5>(C + r, X + r, A + r, p, K, m0, M); break;
+            case 4: gemm_rows<F, 4>(C + r, X + r, A + r, p, K, m0, M); break;
+            case 3: gemm_rows<F, 3>(C + r, X + r, A + r, p, K, m0, M); break;
+            case 2: gemm_rows<F, 2>(C + r, X + r, A + r, p, K, m0, M); break;
+            case 1: gemm_rows<F, 1>(C + r, X + r, A + r, p, K, m0, M); break;
             default: break;
         }
     }
