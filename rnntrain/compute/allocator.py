@@ -21,9 +21,10 @@ torch's blocks of ``CACHE_LARGE`` (32 MiB) and more leave glibc for the large-bl
 larger one whole, and nothing is evicted. Where that cache cannot go in (no C++ compiler,
 ``RNNTRAIN_CPUCACHE=off``) ``cache`` serves all threads from one arena, as it did before
 (``note`` says which). The price is a higher resident peak, since freed blocks of one shape
-cannot always serve the next shape: the reference model peaks 1.7x higher than under
-``system`` (2,139 against 1,274 MB, docs/benchmarks.md's flops section, 2026-11-27), and
-runs 1.15x as fast.
+cannot always serve the next shape: the reference model peaks 18 % higher than under
+``system`` (1,358 against 1,153 MB, docs/benchmarks.md's flops section, 2026-11-27, with
+``compute.lstm = "scan"``; 1.7x with oneDNN's LSTM kernel, whose workspaces are larger),
+and runs 1.08x as fast.
 
 ``capped`` bounds that peak and keeps the speed: one arena for all threads, and the large
 blocks (at least ``cpucache.THRESHOLD``, 1 MiB) leave glibc altogether. A cache in front of
