@@ -138,3 +138,29 @@ def test_without_a_compiler_training_is_onednns_bit_for_bit(synth_pair, tmp_path
     assert runs["fallback"][1] == runs["onednn"][1]
     if lstmscan.unavailable() is None:
         assert "lstm: rnntrain's compiled recurrence (_lstmscan-" in runs["scan"][0]
+
+
+@compiled
+def test_build_is_keyed_cached_and_prunes_only_its_own_old_libraries(tmp_path, monkeypatch):
+    """A build goes to $XDG_CACHE_HOME/rnntrain under a keyed name; the next call finds it
+    (no second build); a new build removes this kind's libraries unused for 30 days, not
+    recent ones and not the large-block cache's."""
+    import os
+    import time
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    folder = tmp_path / "rnntrain"
+    folder.mkdir()
+    old, recent, other = (folder / n for n in ("_lstmscan-0ld.so", "_lstmscan-recent.so",
+                                                "_cpucache-0ld.so"))
+    for p in (old, recent, other):
+        p.write_bytes(b"x")
+    month = time.time() - 40 * 86400
+    os.utime(old, (month, month))
+    os.utime(other, (month, month))
+    built = lstmscan.build()
+    assert built.parent == folder and built.name.startswith("_lstmscan-") and built.is_file()
+    assert not old.exists() and recent.exists() and other.exists()
+    inode = built.stat().st_ino   # a rebuild renames a new file over it: a new inode
+    assert lstmscan.build() == built and built.stat().st_ino == inode
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [built.name, recent.name, other.name])

@@ -110,14 +110,15 @@ def build() -> Path:
 
 
 def prune(keep: Path, max_age_days: float = PRUNE_DAYS) -> list[Path]:
-    """Remove the other built libraries (``_cpucache-*.so``) beside ``keep`` not used (built,
-    or found by ``build``, which touches it) for ``max_age_days``: those of earlier torch
+    """Remove the other built libraries of ``keep``'s kind (``_cpucache-*.so``, or
+    ``_lstmscan-*.so``: the part of its name before the key) beside it not used (built, or
+    found by ``build``, which touches it) for ``max_age_days``: those of earlier torch
     versions, sources or compilers, which would otherwise pile up. A process that has one
     loaded keeps its mapping (an unlinked file stays mapped); ``keep``, the one in use, is
     never removed. Returns those removed."""
     cutoff = time.time() - max_age_days * 86400
     gone = []
-    for p in keep.parent.glob("_cpucache-*.so"):
+    for p in keep.parent.glob(keep.name.split("-")[0] + "-*.so"):
         try:
             if p.name != keep.name and p.is_file() and not p.is_symlink() \
                     and p.stat().st_mtime < cutoff:

@@ -22,12 +22,14 @@ The wheel stays pure Python: the source is compiled on first use with the system
 compiler (``$CXX``, else ``c++``, ``-O3 -march=native``: the machine's own vector width)
 into ``cpucache.cache_dir()``, under a name keyed by the source, the compiler and the
 CPU's model and flags (a home folder shared by different machines gets one library each),
-written atomically. Shapes: T frames, N sequences, F inputs, H cells, D directions, G = 4H.
+written atomically; a new build removes the other ``_lstmscan-*.so`` there unused for 30 days
+(``cpucache.prune``). Shapes: T frames, N sequences, F inputs, H cells, D directions, G = 4H.
 """
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import os
 import subprocess
 import threading
 from pathlib import Path
@@ -56,7 +58,7 @@ def build() -> Path:
     """The compiled library for this compiler and CPU, built now unless already cached.
     Raises OSError (no compiler) or RuntimeError (the build failed, its first error line)."""
     from rnntrain import fsutil
-    from rnntrain.compute.cpucache import _compiler, cache_dir
+    from rnntrain.compute.cpucache import _compiler, cache_dir, prune
     cxx = _compiler()
     version = subprocess.run([*cxx, "--version"], capture_output=True, text=True,
                              timeout=60).stdout.split("\n")[0]  # FileNotFoundError: none
@@ -65,6 +67,10 @@ def build() -> Path:
         SOURCE.read_text(), " ".join(cxx), version, " ".join(flags), _cpu_id()))).hexdigest()[:16]
     out = cache_dir() / f"_lstmscan-{key}.so"
     if out.is_file():
+        try:
+            os.utime(out)  # its time is its last use: prune() keeps what is in use
+        except OSError:
+            pass
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     fsutil.remove_dead_temps(out)
@@ -74,12 +80,15 @@ def build() -> Path:
         if p.returncode != 0:
             errs = [ln for ln in p.stderr.splitlines() if "error" in ln] or p.stderr.splitlines()
             raise RuntimeError(f"{' '.join(cxx)} failed: {(errs or ['no output'])[0].strip()}")
+    prune(out)  # the libraries of earlier sources or compilers, unused for a month
     return out
 
 
 def unavailable() -> str | None:
     """None when the compiled recurrence is loaded (built on first call), else why not."""
     global _lib, _why
+    if _lib is not None:   # every layer of every task asks: no lock once loaded
+        return None
     with _lock:
         if _lib is None and _why is None:
             try:
