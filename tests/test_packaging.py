@@ -347,7 +347,8 @@ def test_wheel_in_a_fresh_venv_from_another_folder(tmp_path):
     assert (work / "runs/default/checkpoints/last.pt").is_file()
     # only overrides: the built-in defaults, here on the sharded copy
     # ... under the capped allocator: its C++ cache, shipped as package data, compiles on
-    # first use against the venv's torch (into an empty cache folder) and goes in
+    # first use against the venv's torch (into an empty cache folder) and goes in; so does
+    # the LSTM recurrence (compute.lstm = "scan", the default)
     run("rnntrain", "train", "data.train=data/shards", "data.val=data/synth_val.nc",
         "run.dir=runs/bare", "compute.allocator=capped", *small,
         env={"XDG_CACHE_HOME": str(tmp_path / "xdg")})
@@ -355,6 +356,8 @@ def test_wheel_in_a_fresh_venv_from_another_folder(tmp_path):
     if shutil.which("c++") or shutil.which("g++"):
         assert "cached by size" in (work / "runs/bare/train.log").read_text()
         assert list((tmp_path / "xdg" / "rnntrain").glob("_cpucache-*.so"))
+        assert "lstm: rnntrain's compiled recurrence" in (work / "runs/bare/train.log").read_text()
+        assert list((tmp_path / "xdg" / "rnntrain").glob("_lstmscan-*.so"))
     runs_out = run("rnntrain", "runs").stdout
     assert "default" in runs_out and "bare" in runs_out
     run("rnntrain", "report", "runs/default")
