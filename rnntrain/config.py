@@ -228,8 +228,8 @@ class ComputeConfig(Section):
     call or per time step, so small tasks and two workers pay less (docs/threads.md, "The
     LSTM kernel"); fp32 only, so bf16 and a machine without a compiler run oneDNN's (the
     run log says which). "onednn": torch's nn.LSTM kernel (all rnntrain ran before this
-    setting; checkpoints without it load with it). The two differ in the last bits of every sum, so a run keeps one kernel
-    for its whole life; CUDA runs cuDNN's either way"""
+    setting; checkpoints without it load with it). The two differ in the last bits of
+    every sum, so a run keeps one kernel for its whole life; CUDA runs cuDNN's either way"""
     deterministic: bool = True
     """CUDA: deterministic cuDNN kernels (the CPU path always is)"""
     threads: int = non_negative(0)

@@ -8,14 +8,14 @@
 //
 // Layouts (row-major, gate order i, f, g, o as torch's nn.LSTM):
 //   xg   (T, N, D, 4H)  input projections plus biases
-//   R    (D, 4H, H)     recurrent weights (weight_hh)       Rt (D, H, 4H): R transposed
+//   R    (D, 4H, H)     recurrent weights (weight_hh), packed per call for the products
 //   out  (T, N, D, H)   h_t, zero at padding (= (T, N, D*H): torch's bidirectional output)
 //   act  (T, N, D, 4H)  gate activations sigma(i), sigma(f), tanh(g), sigma(o)
-//   cst  (T, N, D, H)   c_t
+//   cst  (T, N, D, H)   c_t                 tcs (T, N, D, H): tanh(c_t)
 //   dg   (T, N, D, 4H)  d loss / d pre-activations (zero at padding) = d xg
 //
 // Each call is single-threaded and sums in a fixed order: the same inputs give the same
-// bits, whatever else runs. The products are blocked over up to four sequences and four
+// bits, whatever else runs. The products are blocked over up to six sequences and four
 // vectors of 64 bytes (GCC vector extensions: the compiler's widest ISA for the machine
 // it is built on); sigmoid and tanh use a vectorised exp (float) or std::exp (double).
 #include <cmath>
@@ -81,12 +81,11 @@ inline Vec<float>::v vexp(Vec<float>::v x) {
 }
 
 template <class F> inline F sigm(F x) { return F(1) / (F(1) + std::exp(-x)); }
-template <class F> inline F tanh_(F x) { return std::tanh(x); }
 
 // a[0:4H] pre-activations → activations in place (i, f, o: sigmoid; g: tanh).
 template <class F> void activate(F* a, int H) {
     for (int j = 0; j < 4 * H; ++j)
-        a[j] = (j >= 2 * H && j < 3 * H) ? tanh_(a[j]) : sigm(a[j]);
+        a[j] = (j >= 2 * H && j < 3 * H) ? std::tanh(a[j]) : sigm(a[j]);
 }
 template <> void activate<float>(float* a, int H) {
     typedef Vec<float>::v V;

@@ -75,19 +75,22 @@ def _compiler() -> list[str]:
     return (os.environ.get("CXX") or shutil.which("c++") or "g++").split()
 
 
-def build() -> Path:
-    """The library for this torch and compiler, compiled now unless already cached.
-    Raises OSError (no compiler) or RuntimeError (the build failed, its first error line)."""
-    import torch
+def compile_library(stem: str, source: Path, flags: list[str], libs: list[str] = (),
+                    key: tuple[str, ...] = ()) -> Path:
+    """``source`` compiled by the system's C++ compiler into ``cache_dir()/STEM-KEY.so``,
+    now unless already there; KEY hashes the source, the compiler and its version, the flags
+    and ``key`` (what else the library depends on). Written atomically (MPI ranks that build
+    at once each rename a whole library over the same name); a found library is touched and
+    a new one prunes its kind's others (``prune``). ``libs`` go after the source (link
+    order). Raises OSError (no compiler) or RuntimeError (the build failed, its first error
+    line). Shared by this cache and ``lstmscan``."""
     cxx = _compiler()
     version = subprocess.run([*cxx, "--version"], capture_output=True, text=True,
                              timeout=60).stdout.split("\n")[0]  # FileNotFoundError: none
-    tdir = Path(torch.__file__).parent
-    abi = int(torch.compiled_with_cxx11_abi())
-    key = hashlib.sha256(b"\0".join(x.encode() for x in (
-        SOURCE.read_text(), torch.__version__, str(tdir), " ".join(cxx), version, str(abi)))
+    digest = hashlib.sha256(b"\0".join(x.encode() for x in (
+        source.read_text(), " ".join(cxx), version, " ".join(flags), " ".join(libs), *key))
     ).hexdigest()[:16]
-    out = cache_dir() / f"_cpucache-{key}.so"
+    out = cache_dir() / f"{stem}-{digest}.so"
     if out.is_file():
         try:
             os.utime(out)  # its time is its last use: prune() keeps what is in use
@@ -98,15 +101,28 @@ def build() -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fsutil.remove_dead_temps(out)  # what a killed build left
     with fsutil.atomic_path(out) as tmp:
-        p = subprocess.run(
-            [*cxx, "-O2", "-shared", "-fPIC", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-             f"-I{tdir / 'include'}", str(SOURCE), "-o", str(tmp), f"-L{tdir / 'lib'}",
-             "-lc10", f"-Wl,-rpath,{tdir / 'lib'}"], capture_output=True, text=True, timeout=600)
+        p = subprocess.run([*cxx, *flags, str(source), "-o", str(tmp), *libs],
+                           capture_output=True, text=True, timeout=600)
         if p.returncode != 0:
             errs = [ln for ln in p.stderr.splitlines() if "error" in ln] or p.stderr.splitlines()
             raise RuntimeError(f"{' '.join(cxx)} failed: {(errs or ['no output'])[0].strip()}")
     prune(out)
     return out
+
+
+def build() -> Path:
+    """The library for this torch and compiler, compiled now unless already cached
+    (``compile_library``, against the torch in use: its headers, ``libc10``, its C++ ABI).
+    Raises OSError (no compiler) or RuntimeError (the build failed, its first error line)."""
+    import torch
+    tdir = Path(torch.__file__).parent
+    abi = int(torch.compiled_with_cxx11_abi())
+    return compile_library(
+        "_cpucache", SOURCE,
+        ["-O2", "-shared", "-fPIC", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+         f"-I{tdir / 'include'}"],
+        [f"-L{tdir / 'lib'}", "-lc10", f"-Wl,-rpath,{tdir / 'lib'}"],
+        key=(torch.__version__, str(tdir)))
 
 
 def prune(keep: Path, max_age_days: float = PRUNE_DAYS) -> list[Path]:

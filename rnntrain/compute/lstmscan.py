@@ -28,8 +28,6 @@ written atomically; a new build removes the other ``_lstmscan-*.so`` there unuse
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
 import subprocess
 import threading
 from pathlib import Path
@@ -55,33 +53,12 @@ def _cpu_id() -> str:
 
 
 def build() -> Path:
-    """The compiled library for this compiler and CPU, built now unless already cached.
-    Raises OSError (no compiler) or RuntimeError (the build failed, its first error line)."""
-    from rnntrain import fsutil
-    from rnntrain.compute.cpucache import _compiler, cache_dir, prune
-    cxx = _compiler()
-    version = subprocess.run([*cxx, "--version"], capture_output=True, text=True,
-                             timeout=60).stdout.split("\n")[0]  # FileNotFoundError: none
-    flags = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c++17"]
-    key = hashlib.sha256(b"\0".join(x.encode() for x in (
-        SOURCE.read_text(), " ".join(cxx), version, " ".join(flags), _cpu_id()))).hexdigest()[:16]
-    out = cache_dir() / f"_lstmscan-{key}.so"
-    if out.is_file():
-        try:
-            os.utime(out)  # its time is its last use: prune() keeps what is in use
-        except OSError:
-            pass
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fsutil.remove_dead_temps(out)
-    with fsutil.atomic_path(out) as tmp:
-        p = subprocess.run([*cxx, *flags, str(SOURCE), "-o", str(tmp)],
-                           capture_output=True, text=True, timeout=600)
-        if p.returncode != 0:
-            errs = [ln for ln in p.stderr.splitlines() if "error" in ln] or p.stderr.splitlines()
-            raise RuntimeError(f"{' '.join(cxx)} failed: {(errs or ['no output'])[0].strip()}")
-    prune(out)  # the libraries of earlier sources or compilers, unused for a month
-    return out
+    """The compiled library for this compiler and CPU, built now unless already cached
+    (``cpucache.compile_library``). Raises OSError (no compiler) or RuntimeError (the build
+    failed, its first error line)."""
+    from rnntrain.compute.cpucache import compile_library
+    return compile_library("_lstmscan", SOURCE, ["-O3", "-march=native", "-shared", "-fPIC",
+                                                 "-std=c++17"], key=(_cpu_id(),))
 
 
 def unavailable() -> str | None:

@@ -178,12 +178,13 @@ class CTCModel(nn.Module):
                 if x.device.type == "cuda":
                     mask = mask.pin_memory().to(x.device, non_blocking=True)
                 x = x * (mask.to(x.device) / keep)  # one mask per sequence, shared over time
-            if isinstance(rnn, nn.LSTM) and x.device.type == "cpu" and self._scan(x):
-                x = lstmscan.lstm_scan(rnn, x, lengths)
-            elif isinstance(rnn, nn.LSTM) and x.device.type == "cpu":
-                if geom is None:
-                    geom = PaddedGeometry(x.shape[0], lengths, x.device)
-                x = lstm_padded(rnn, x, lengths, geom)
+            if isinstance(rnn, nn.LSTM) and x.device.type == "cpu":
+                if self._scan(x):
+                    x = lstmscan.lstm_scan(rnn, x, lengths)
+                else:
+                    if geom is None:
+                        geom = PaddedGeometry(x.shape[0], lengths, x.device)
+                    x = lstm_padded(rnn, x, lengths, geom)
             elif hasattr(rnn, "forward_padded"):  # the peephole cell: padded in, padded out
                 x = rnn.forward_padded(x, lengths)
             else:

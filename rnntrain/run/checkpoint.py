@@ -130,10 +130,9 @@ class ModelCard:
         kernel it was trained with (``compute.lstm``; a card from before that setting:
         "onednn", the only kernel there was), so that it transcribes as it trained."""
         from rnntrain.compute.model import build_model
-        lstm = (self.config.get("compute") or {}).get("lstm", "onednn")
         return build_model(self.model_config(where), self.frame_size, len(self.labels),
-                           max(self.image_height, 1), lstm if lstm in ("scan", "onednn")
-                           else "onednn")
+                           max(self.image_height, 1),
+                           (self.config.get("compute") or {}).get("lstm", "onednn"))
 
     def input_side(self) -> dict:
         """What data must match to be fed to this model (fine-tuning checks it)."""

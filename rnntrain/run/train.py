@@ -153,7 +153,8 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model, train_ds.frame_size, len(card.labels),
                         train_ds.frame_height, cfg.compute.lstm)
-    log.info(lstmscan.note(cfg.compute.lstm, device.type, cfg.compute.precision))
+    if cfg.model.cell == "lstm":  # (the peephole cell runs its own torch loop)
+        log.info(lstmscan.note(cfg.compute.lstm, device.type, cfg.compute.precision))
     if cfg.model.cell == "peephole":
         init_uniform(model, 0.1)
     init_blank_bias(model, cfg.model.blank_bias)
