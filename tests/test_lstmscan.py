@@ -27,7 +27,8 @@ def _batch(lens, f, dtype, seed=3):
 
 
 @compiled
-# H = 16 and 40: whole vector blocks and a partial last block (40 = 2.5 blocks of 16 doubles)
+# H = 16 and 40 in float64 (blocks of 32 columns): the backward's product (H columns) is
+# half a block, or a block and one vector; the forward's (4H: 64, 160) whole blocks
 @pytest.mark.parametrize("hidden", [16, 40])
 @pytest.mark.parametrize("bidirectional", [True, False])
 @pytest.mark.parametrize("lens", [[7, 3, 5, 7, 1, 2, 6, 4], [6, 6, 6], [1]])
