@@ -4,8 +4,10 @@ Used by tests/test_mpi.py and tests/test_torchdist.py:
     python tests/mpi_fault.py RANK KIND STEP CONFIG [overrides...]
 KIND: "raise" (an exception in a worker), "kill" (SIGKILL itself), "stop" (SIGSTOP itself:
 stuck, still alive), "kill-in-backward" (with dist.overlap on: SIGKILL itself during the
-last task's backward, right after its first gradient bucket started), "term" (SIGTERM to
-itself: this rank alone asks to stop), "baddata" (this rank
+last task's backward, right after its first gradient bucket started), "kill-keep-sockets"
+(fork a child that holds this rank's sockets open for 60 s, writing its pid to the
+file $FAULT_PID_FILE, then SIGKILL itself: the peers' connections do not close), "term"
+(SIGTERM to itself: this rank alone asks to stop), "baddata" (this rank
 reads a missing data file: a UserError), "data=PATH" (this rank trains on another file;
 both with the same config on every rank).
 The fault hits rank RANK when it computes step STEP (0-based, within the epoch).
@@ -13,6 +15,7 @@ The fault hits rank RANK when it computes step STEP (0-based, within the epoch).
 import os
 import signal
 import sys
+import time
 
 from rnntrain import cli
 from rnntrain.compute import tasks as step
@@ -55,8 +58,18 @@ def main():
                 if self.key[2] == int(at):
                     if kind == "raise":
                         raise RuntimeError(f"injected fault at step {at}")
-                    os.kill(os.getpid(), {"kill": signal.SIGKILL, "term": signal.SIGTERM}
-                            .get(kind, signal.SIGSTOP))
+                    if kind == "kill-keep-sockets":
+                        child = os.fork()
+                        if child == 0:  # holds the sockets (not the output), then goes
+                            null = os.open(os.devnull, os.O_WRONLY)
+                            os.dup2(null, 1)
+                            os.dup2(null, 2)
+                            time.sleep(60)
+                            os._exit(0)
+                        with open(env["FAULT_PID_FILE"], "w") as f:
+                            f.write(str(child))
+                    os.kill(os.getpid(), {"term": signal.SIGTERM, "stop": signal.SIGSTOP}
+                            .get(kind, signal.SIGKILL))
                 return orig(self, worker, task)
             step.TaskComputer.__call__ = faulty
     sys.exit(cli.main(["train", *argv]))

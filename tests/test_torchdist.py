@@ -187,6 +187,50 @@ def test_rank_that_raises_or_dies_ends_the_job_naming_it(tiny_config, tmp_path):
     assert secs < 90  # well before dist.timeout_s of the exchange after start-up
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux's /proc")
+def test_process_watch_tells_a_live_process_from_an_exited_one():
+    """The watch a waiting rank keeps on its node's peers (``_started``): a live process
+    has a start time, the same on every look; a zombie (exited, not yet reaped by its
+    parent, as a dead rank is until torchrun notices) and a reaped one have none."""
+    from rnntrain.parallel.torchdist import _started
+    assert isinstance(_started(os.getpid()), int)
+    p = subprocess.Popen(["sleep", "30"])
+    try:
+        first = _started(p.pid)
+        assert isinstance(first, int) and _started(p.pid) == first
+        assert first >= _started(os.getpid())  # started after this process
+        os.kill(p.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _started(p.pid) is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _started(p.pid) is None  # a zombie: exited, not reaped
+        assert os.path.exists(f"/proc/{p.pid}")
+    finally:
+        p.kill()
+        p.wait()
+    assert _started(p.pid) is None  # reaped
+
+
+@pytest.mark.torchrun
+def test_rank_dying_while_a_child_holds_its_sockets_is_named_at_once(tiny_config, tmp_path):
+    """Rank 1 forks a child that keeps its connections open, then dies: gloo sees no
+    close, so only rank 0's watch on its process (the same host) names it, long before
+    dist.timeout_s (and before torchrun's SIGKILL of rank 0, 30 s after rank 1 died)."""
+    pid_file = tmp_path / "held.pid"
+    r, secs = launch(2, "tests/mpi_fault.py", 1, "kill-keep-sockets", 3, tiny_config,
+                     f"run.dir={tmp_path / 'run'}", "dist.timeout_s=120",
+                     env={"FAULT_PID_FILE": str(pid_file)})
+    try:
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    except (OSError, ValueError):
+        pass
+    assert r.returncode != 0
+    assert re.search(r"\[rank 0/2\] error: rank\(s\) 1 of 2 left the job during the gradient "
+                     r"exchange of step 4 \(process died or raised; rank 1's process \d+ has "
+                     r"exited\)", r.stderr), r.stderr[-3000:]
+    assert secs < 30  # start-up included; without the watch: torchrun's kill at 30 s, unnamed
+
+
 @pytest.mark.torchrun
 # slow (left out of the default run): by default, test_misuse_is_one_clean_error_not_n_trainings
 @pytest.mark.slow

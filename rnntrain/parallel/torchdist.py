@@ -10,12 +10,13 @@ NCCL and the host ones still over gloo.
 
 Failure handling, as in the MPI layer: every collective is started asynchronously and
 waited for under a deadline (``dist.timeout_s``; the process group's own timeout, a little
-longer, is the backstop). A collective that fails (a peer's connection closed: the process died or
-raised) or passes its deadline (a peer stuck) starts a roll call through the rendezvous
-store (torchrun's agent hosts it, so it outlives any rank): each rank still in the job
-checks in under the collective's sequence number, and the lowest one names the ranks that
-did not and ends the job. Ranks waiting in a collective answer a roll call they see in the
-store, so a rank that is merely waiting behind the dead one is never blamed.
+longer, is the backstop). A collective that fails (a peer's connection closed: the process
+died or raised), a peer on this host whose process has exited (``exited_peers``: the close
+does not always arrive) or a missed deadline (a peer stuck) starts a roll call through the
+rendezvous store (torchrun's agent hosts it, so it outlives any rank): each rank still in
+the job checks in under the collective's sequence number, and the lowest one names the
+ranks that did not and ends the job. Ranks waiting in a collective answer a roll call they
+see in the store, so a rank that is merely waiting behind the dead one is never blamed.
 
 Custom reductions (the 16-bit wires' ``combine``) have no torch.distributed op: every
 rank gathers all ranks' messages and folds them in rank order, so every rank ends with the
@@ -43,6 +44,7 @@ from rnntrain.parallel.comm import Combine, run_abort_hooks
 
 _SPIN_S = 0.02      # busy-progress window before backing off (as in mpi.MPIComm._wait)
 _POLL_STORE_S = 0.1  # while waiting longer: how often to look for a roll call
+_EXITED_GRACE_S = 1.0  # a peer's process is gone: its last bytes may still be on the way
 # object collectives (start-up, as the MPI layer's blocking ones) wait at least this long:
 # ranks open their data at their own pace before the first one, and a small
 # dist.timeout_s is meant for steps
@@ -51,6 +53,18 @@ _STARTUP_MIN_S = 60.0
 
 # all_gather_into_tensor was renamed all_gather_single (the old name warns)
 _all_gather = getattr(td, "all_gather_single", None) or td.all_gather_into_tensor
+
+
+def _started(pid: int) -> int | None:
+    """The start time (clock ticks after boot) of the live process ``pid``, or None when
+    there is none (never was, reaped, or a zombie) or no /proc to ask (not Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2:].split()  # after "pid (comm) "
+    return None if fields[0] in (b"Z", b"X") else int(fields[19])
 
 
 def available() -> bool:
@@ -89,7 +103,15 @@ class TorchComm:
         self.calls: Counter = Counter()  # (counted by the MPI engine's schedule tests only)
         self._seq = 0
         self._idle = threading.Event()  # never set: a bounded sleep between polls
-        self._who = self.allgather((os.getpid(), socket.gethostname()))
+        self._watch: dict[int, tuple[int, int]] = {}  # rank → (pid, start time)
+        here = socket.gethostname()
+        who = self.allgather((os.getpid(), here, _started(os.getpid())))
+        self._who = [(pid, host) for pid, host, _ in who]
+        # peers whose process this rank can watch (same host, same process namespace: the
+        # start time it reads under their pid is the one they reported)
+        self._watch = {r: (pid, start) for r, (pid, host, start) in enumerate(who)
+                       if r != self.rank and host == here and start is not None
+                       and _started(pid) == start}
 
     # ---- per-step collectives on numpy buffers (in place where the MPI layer is)
     def allreduce_(self, buf: np.ndarray, combine: Combine | None = None,
@@ -221,22 +243,31 @@ class TorchComm:
         """Wait for ``work`` (a torch.distributed Work, gloo or NCCL) under the deadline.
 
         Polling ``is_completed`` (instead of a blocking wait) keeps the deadline ours, lets
-        this rank answer a roll call while it waits, and leaves signal handlers (a stop
-        request) running on the main thread.
+        this rank answer a roll call while it waits, watch the processes of the ranks on this
+        host, and leaves signal handlers (a stop request) running on the main thread.
         """
         start = time.monotonic()
         try:
             if not work.is_completed():
                 while time.monotonic() - start < _SPIN_S and not work.is_completed():
                     os.sched_yield()
-                delay, next_poll, answered = 2e-5, start + _POLL_STORE_S, False
+                delay, next_poll, answered, seen_gone = 2e-5, start + _POLL_STORE_S, False, None
                 while not work.is_completed():
                     now = time.monotonic()
                     if now - start > self.timeout_s:
                         self._roll_call(what, None)
-                    if not answered and now > next_poll:
+                    if now > next_poll:
                         next_poll = now + _POLL_STORE_S
-                        answered = self._answer_roll_call()
+                        answered = answered or self._answer_roll_call()
+                        gone = self.exited_peers()
+                        if not gone:
+                            seen_gone = None
+                        elif seen_gone is None:
+                            seen_gone = now  # what it sent before exiting may still land
+                        elif now - seen_gone > _EXITED_GRACE_S:
+                            self._roll_call(what, "; ".join(
+                                f"rank {r}'s process {self._watch[r][0]} has exited"
+                                for r in gone))
                     self._idle.wait(delay)
                     delay = min(delay * 2, 2e-3)
             work.wait()  # completed: raises the collective's error, if any
@@ -289,6 +320,13 @@ class TorchComm:
                        "aborting the job")
         self.abort(f"error: rank(s) {names} of {self.size} left the job during the {what} "
                    f"(process died or raised; {error}); aborting the job")
+
+    def exited_peers(self) -> list[int]:
+        """Ranks on this host whose process has exited. The transport usually reports a dead
+        peer at once (its connection closes), but not always: a process the peer forked
+        keeps its sockets open, and gloo can miss the close while a collective is queued.
+        Without this, such a death would be seen only at dist.timeout_s, as a stuck rank."""
+        return [r for r, (pid, start) in self._watch.items() if _started(pid) != start]
 
     def _kill_stuck(self, ranks):
         """A stuck rank on this host is killed: a stopped or hung process ignores torchrun's
