@@ -228,7 +228,7 @@ def test_rank_dying_while_a_child_holds_its_sockets_is_named_at_once(tiny_config
     assert re.search(r"\[rank 0/2\] error: rank\(s\) 1 of 2 left the job during the gradient "
                      r"exchange of step 4 \(process died or raised; rank 1's process \d+ has "
                      r"exited\)", r.stderr), r.stderr[-3000:]
-    assert secs < 30  # start-up included; without the watch: torchrun's kill at 30 s, unnamed
+    assert secs < 60  # start-up included: named at once, not at dist.timeout_s = 120 s
 
 
 @pytest.mark.torchrun
