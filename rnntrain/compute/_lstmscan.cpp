@@ -243,12 +243,17 @@ int forward(int T, int N, int D, int H, const int64_t* len, const F* xg, const F
     std::vector<int> active;
     std::vector<const F*> A, X;
     std::vector<F*> C;
-    for (int s = 0; s < T; ++s) {
-        active.clear();
-        for (int n = 0; n < N; ++n) if (len[n] > s) active.push_back(n);
-        else  // padding at time s: zero output (act, cst and tcs are never read there)
-            std::memset(out + ((int64_t)s * N + n) * rowh, 0, rowh * sizeof(F));
-        for (int d = 0; d < D; ++d) {
+    for (int s = 0; s < T; ++s)
+        for (int n = 0; n < N; ++n)
+            if (len[n] <= s)  // padding at time s: zero output (act, cst, tcs never read there)
+                std::memset(out + ((int64_t)s * N + n) * rowh, 0, rowh * sizeof(F));
+    // one direction after the other (their arithmetic is independent): each direction's
+    // packed weights stay in L2 for all its steps (H = 256: 1 MB a direction, 2 MB both)
+    for (int d = 0; d < D; ++d) {
+        for (int s = 0; s < T; ++s) {
+            active.clear();
+            for (int n = 0; n < N; ++n) if (len[n] > s) active.push_back(n);
+            if (active.empty()) break;
             A.clear(); C.clear(); X.clear();
             for (int n : active) {
                 const int64_t t = d == 0 ? s : len[n] - 1 - s;
@@ -295,11 +300,13 @@ int backward(int T, int N, int D, int H, const int64_t* len, const F* R, const F
     for (int n = 0; n < N; ++n) maxlen = len[n] > maxlen ? len[n] : maxlen;
     for (int64_t t = maxlen; t < T; ++t)
         std::memset(dg + t * N * rowg, 0, N * rowg * sizeof(F));
-    for (int64_t s = maxlen - 1; s >= 0; --s) {
-        active.clear();
-        for (int n = 0; n < N; ++n) if (len[n] > s) active.push_back(n);
-        else std::memset(dg + (s * N + n) * rowg, 0, rowg * sizeof(F));
-        for (int d = 0; d < D; ++d) {
+    for (int64_t s = 0; s < maxlen; ++s)
+        for (int n = 0; n < N; ++n)
+            if (len[n] <= s) std::memset(dg + (s * N + n) * rowg, 0, rowg * sizeof(F));
+    for (int d = 0; d < D; ++d) {   // one direction after the other, as forward
+        for (int64_t s = maxlen - 1; s >= 0; --s) {
+            active.clear();
+            for (int n = 0; n < N; ++n) if (len[n] > s) active.push_back(n);
             A.clear(); C.clear();
             for (int n : active) {
                 const int64_t t = d == 0 ? s : len[n] - 1 - s;
