@@ -16,9 +16,10 @@
 //
 // Each call is single-threaded and sums in a fixed order: the same inputs give the same
 // bits, whatever else runs. The directions run one after the other, each over all its
-// steps, so each one's packed weights stay in the core's L2 (H = 256: 1 MB a direction). The products are blocked over up to six sequences and four
-// vectors of 64 bytes (GCC vector extensions: the compiler's widest ISA for the machine
-// it is built on); sigmoid and tanh use a vectorised exp (float) or std::exp (double).
+// steps, so each one's packed weights stay in the core's L2 (H = 256: 1 MB a direction).
+// The products are blocked over up to six sequences and four vectors of 64 bytes (GCC
+// vector extensions: the compiler's widest ISA for the machine it is built on); sigmoid
+// and tanh use a vectorised exp (float) or std::exp (double).
 #include <cmath>
 #include <cstdint>
 #include <cstring>

@@ -103,7 +103,8 @@ class TorchComm:
         self.calls: Counter = Counter()  # (counted by the MPI engine's schedule tests only)
         self._seq = 0
         self._idle = threading.Event()  # never set: a bounded sleep between polls
-        self._watch: dict[int, tuple[int, int]] = {}  # rank → (pid, start time)
+        # rank → (pid, start time); empty while the start-up exchange below waits
+        self._watch: dict[int, tuple[int, int]] = {}
         here = socket.gethostname()
         who = self.allgather((os.getpid(), here, _started(os.getpid())))
         self._who = [(pid, host) for pid, host, _ in who]
