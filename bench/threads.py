@@ -267,7 +267,8 @@ def whole_trainer_rows(quick: bool) -> list[str]:
     (the same global batches: the plan deals each batch across the ranks), interleaved
     round by round; steady-state frames/s (every metric window after the first). Four
     epochs a run, as the issue measured: one epoch holds six 5-step windows, whose rates
-    differ by up to 10 % with their batches' lengths, too few for a verdict on 2 %."""
+    differ by 7-18 % within an epoch (2 workers, 4 epochs, the windows after each epoch's
+    first), too few for a verdict on 2 %."""
     from bench import ranks
     title = "### Whole trainer: 2 worker threads against 2 MPI ranks (default config)"
     if ranks._mpiexec() is None:
