@@ -14,6 +14,11 @@ rapidfuzz call: the step-time cost of that loop. Also: the share of worker time 
 main thread spends alone in the reduce and optimizer update (workers idle), and the task
 cost model fitted to measured single-task times (``scheduler.CostModel.fit``).
 
+Then the whole trainer (``rnntrain train`` in fresh processes), 1 worker, 2 worker threads
+and 2 MPI ranks of 1 worker side by side, on the default config and on the reference
+model (``whole_trainer_rows``: issue 30's goal), and the step-loop rows again under the
+other allocator policy.
+
     python -m bench.threads [--quick]
 """
 from __future__ import annotations
@@ -24,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from rnntrain.compute import allocator
 
@@ -262,46 +268,70 @@ def _other_allocator(quick: bool) -> tuple[str, dict | str]:
 
 
 def whole_trainer_rows(quick: bool) -> list[str]:
-    """Issue 30's comparison as a user runs it: ``rnntrain train configs/default.toml`` on
-    the same data, 1 worker, 2 worker threads of one process, and 2 MPI ranks of 1 worker
-    (the same global batches: the plan deals each batch across the ranks), interleaved
-    round by round; steady-state frames/s (every metric window after the first). Four
-    epochs a run, as the issue measured: one epoch holds six 5-step windows, whose rates
-    differ by 7-18 % within an epoch (2 workers, 4 epochs, the windows after each epoch's
-    first), too few for a verdict on 2 %."""
+    """Issue 30's comparison as a user runs it: ``rnntrain train`` on the same data, 1
+    worker, 2 worker threads of one process, and 2 MPI ranks of 1 worker (the same global
+    batches: the plan deals each batch across the ranks), interleaved round by round;
+    steady-state frames/s (every metric window after the first); for the default config
+    and the reference model.
+
+    Default config: four epochs a run, as the issue measured: one epoch holds six 5-step
+    windows, whose rates differ by 7-18 % within an epoch (2 workers, 4 epochs, the
+    windows after each epoch's first), too few for a verdict on 2 %. Reference model (3x256
+    BLSTM, ``bench.workloads``' speech-like lengths, batch_frames 12000): two epochs of
+    3-step windows."""
     from bench import ranks
-    title = "### Whole trainer: 2 worker threads against 2 MPI ranks (default config)"
+    from bench import workloads as wl
     if ranks._mpiexec() is None:
-        return [title, "", "mpiexec not found: not measured.", ""]
-    settings = (("1 rank x 1 worker", 1, 1), ("1 rank x 2 workers", 1, 2),
-                ("2 MPI ranks x 1 worker", 2, 1))
-    rounds = 1 if quick else 3
-    seqs = 600 if quick else 2000
-    epochs = 1 if quick else 4
-    best: dict[str, dict] = {}
+        return ["### Whole trainer: 2 worker threads against 2 MPI ranks", "",
+                "mpiexec not found: not measured.", ""]
+    lines = []
     with tempfile.TemporaryDirectory() as tmp:
+        seqs, epochs = (600, 1) if quick else (2000, 4)
         data = os.path.join(tmp, "train.nc")
         write_synth(data, num_seqs=seqs, num_labels=20, input_size=20, seed=1)
-        cfg = ranks.ROOT / "configs" / "default.toml"
-        for k in range(rounds):
-            for name, n, threads in settings:
-                m = ranks._train(n, cfg, ranks.Path(tmp) / f"r{k}-{n}-{threads}",
-                                 f"data.train={data}", "data.val=", f"train.epochs={epochs}",
-                                 f"compute.threads={threads}", "compute.intra_threads=1",
-                                 "log.every_steps=5")
-                if name not in best or m["frames_per_s"] > best[name]["frames_per_s"]:
-                    best[name] = m
+        lines += _whole_trainer_table(
+            "### Whole trainer: 2 worker threads against 2 MPI ranks (default config)",
+            ranks.ROOT / "configs" / "default.toml", data, epochs, 5, 1 if quick else 3,
+            Path(tmp) / "default",
+            f"`rnntrain train configs/default.toml data.train=SYNTH data.val= "
+            f"train.epochs={epochs} compute.threads=T compute.intra_threads=1` ({seqs} "
+            f"sequences of `rnntrain-data synth`, 2x128 BLSTM, batch_frames 3000)")
+        seqs, epochs = (60, 1) if quick else (400, 2)
+        data = wl.reference_data(Path(tmp), seqs)
+        cfg = wl.reference_config(Path(tmp), data)
+        lines += _whole_trainer_table(
+            "### Whole trainer: 2 worker threads against 2 MPI ranks (reference model)",
+            cfg, str(data), epochs, 3, 1 if quick else 2, Path(tmp) / "reference",
+            f"`rnntrain train REF.toml train.epochs={epochs} compute.threads=T "
+            f"compute.intra_threads=1` (the reference model of the flops section: 3x256 "
+            f"BLSTM, 40 inputs, 31 classes, batch_frames {wl.REF_BATCH_FRAMES}; {seqs} "
+            f"sequences of speech-like lengths)")
+    return lines
+
+
+def _whole_trainer_table(title: str, cfg, data: str, epochs: int, every: int, rounds: int,
+                         work: Path, what: str) -> list[str]:
+    """One model's rows of ``whole_trainer_rows``: 1 worker, 2 workers, 2 MPI ranks of 1
+    worker, each in a fresh process, interleaved, best of ``rounds``."""
+    from bench import ranks
+    settings = (("1 rank x 1 worker", 1, 1), ("1 rank x 2 workers", 1, 2),
+                ("2 MPI ranks x 1 worker", 2, 1))
+    best: dict[str, dict] = {}
+    for k in range(rounds):
+        for name, n, threads in settings:
+            m = ranks._train(n, cfg, work / f"r{k}-{n}-{threads}",
+                             f"data.train={data}", "data.val=", f"train.epochs={epochs}",
+                             f"compute.threads={threads}", "compute.intra_threads=1",
+                             f"log.every_steps={every}")
+            if name not in best or m["frames_per_s"] > best[name]["frames_per_s"]:
+                best[name] = m
     one = best[settings[0][0]]["frames_per_s"]
     workers = best[settings[1][0]]["frames_per_s"]
     mpi = best[settings[2][0]]["frames_per_s"]
     lines = [title, "",
-             f"`rnntrain train configs/default.toml data.train=SYNTH data.val= "
-             f"train.epochs={epochs} "
-             f"compute.threads=T compute.intra_threads=1` ({seqs} sequences of `rnntrain-data "
-             f"synth`, 2x128 BLSTM, batch_frames 3000), the MPI row under `mpiexec -n 2`; "
-             f"each setting in a fresh process, the settings interleaved, best of {rounds} "
-             f"round(s); frames/s = mean of the metric windows after the first (5 steps "
-             f"each).", "",
+             f"{what}, the MPI row under `mpiexec -n 2`; each setting in a fresh process, "
+             f"the settings interleaved, best of {rounds} round(s); frames/s = mean of the "
+             f"metric windows after the first ({every} steps each).", "",
              "| run | frames/s | vs 1 worker | step s | compute s | exchange s | update s |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for name, _, _ in settings:
@@ -310,8 +340,9 @@ def whole_trainer_rows(quick: bool) -> list[str]:
                      f"{m['step_s']:.3f} | {m['compute_s']:.3f} | {m['comm_s']:.4f} | "
                      f"{m['update_s']:.4f} |")
     verdict = "met" if workers >= 1.9 * one and workers >= mpi else "not met"
-    lines += ["", f"2 workers / 1 worker = {workers / one:.2f} (goal >= 1.9); 2 workers / "
-              f"2 MPI ranks = {workers / mpi:.2f} (goal >= 1.0): {verdict}.", ""]
+    lines += ["", f"2 workers / 1 worker = {workers / one:.3f} (goal >= 1.9); 2 workers / "
+              f"2 MPI ranks = {workers / mpi:.3f} (goal >= 1.0); 2 MPI ranks / 1 worker = "
+              f"{mpi / one:.3f}: {verdict}.", ""]
     return lines
 
 
