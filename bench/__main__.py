@@ -9,7 +9,7 @@ markdown goes to stdout unless ``--out`` is given.
 Each section runs in its own fresh process (``run(quick)`` of its module) under a time
 budget, so one section's threads, memory and imports cannot disturb the next; a section
 that fails or runs out of time is reported in the document, not fatal. The throughput
-sections stay within about 26 minutes on the 2-core development machine (the conv +
+sections stay within about 27 minutes on the 2-core development machine (the conv +
 BLSTM and validation sections included); time to accuracy (first) takes up to 30 more.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
 
 # (module, title, time budget in seconds on 2 cores); time to accuracy first (the figure a
-# user cares about), then the throughput sections within about 26 minutes
+# user cares about), then the throughput sections within about 27 minutes
 SECTIONS = [
     ("accuracy", "Time to accuracy", 1800),
     ("plain_loop", "rnntrain vs a plain PyTorch loop", 420),
