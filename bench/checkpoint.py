@@ -75,7 +75,7 @@ def _model_and_optimizer():
 
 def measure_files(reps: int) -> dict:
     from rnntrain.run import checkpoint as ckpt
-    from rnntrain.run.runfolder import RunFolder
+    from rnntrain.artifact.runfolder import RunFolder
     from rnntrain.run.state import TrainState
     from rnntrain.config import to_dict
     cfg, model, opt = _model_and_optimizer()

@@ -54,7 +54,7 @@ def utterances(n: int, seed: int = 0) -> tuple[list[np.ndarray], str]:
 
 
 def model_checkpoint(folder: Path, signals: list[np.ndarray]) -> tuple[Path, str]:
-    from rnntrain.run.runfolder import RunFolder
+    from rnntrain.artifact.runfolder import RunFolder
     trained = RunFolder(ROOT / "runs" / "fsdd_digits").best
     if trained.is_file():
         return trained, f"trained by recipes/fsdd_digits.sh ({trained})"

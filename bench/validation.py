@@ -60,7 +60,7 @@ def _val_fps(run_dir: Path) -> float | None:
 def _workload(name: str, config: Path, overrides: list[str], val: Path, folder: Path) -> dict:
     run_dir = folder / f"run-{name}"
     tr = run_rnntrain(config, [*overrides, f"data.val={val}", "train.epochs=1"], run_dir)
-    from rnntrain.run.runfolder import RunFolder
+    from rnntrain.artifact.runfolder import RunFolder
     ev = _eval_fps(RunFolder(run_dir).last, val)
     return {"name": name, "train": tr["frames_per_s"], "val": _val_fps(run_dir),
             "eval": max(ev["fps"]), "command": tr["command"]}

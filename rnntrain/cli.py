@@ -13,7 +13,7 @@ from pathlib import Path
 from rnntrain.cli_args import (RESUME_WORDS, Parser, non_negative_int, positive_int,
                                run_main, split_overrides, take_resume, version)
 from rnntrain.errors import UserError
-from rnntrain.run.runfolder import RunFolder
+from rnntrain.artifact.runfolder import RunFolder
 
 
 def resolve_resume(value: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
@@ -626,6 +626,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "folder (default here)")
     n.add_argument("--force", action="store_true", help="overwrite an existing file")
     n.add_argument("--list", action="store_true", help="list the examples and exit")
+    from rnntrain import cli_finetune, cli_models
+    cli_models.add_parser(sub)
+    cli_finetune.add_parser(sub)
     return p
 
 
@@ -662,12 +665,22 @@ def _prepare(argv: list[str]) -> tuple[list[str], list[str], str | None]:
     run.dir=x` as a stray argument)."""
     from rnntrain.config import section_names
     i = next((k for k, a in enumerate(argv) if not a.startswith("-")), None)
-    if i is None or argv[i] not in ("train", "crossfold"):
+    if i is None or argv[i] not in ("train", "crossfold", "finetune"):
         return argv, [], None
     head, rest = argv[: i + 1], argv[i + 1:]
     rest, overrides = split_overrides(rest, section_names())
     rest, resume = take_resume(rest) if argv[i] == "train" else (rest, None)
     return head + rest, overrides, resume
+
+
+def _cmd_finetune(args) -> int:
+    from rnntrain import cli_finetune
+    return cli_finetune.run(args)
+
+
+def _cmd_models(args) -> int:
+    from rnntrain import cli_models
+    return cli_models.run(args)
 
 
 HANDLERS = {"train": _cmd_train, "eval": _cmd_eval, "decode": _cmd_decode,
@@ -676,7 +689,8 @@ HANDLERS = {"train": _cmd_train, "eval": _cmd_eval, "decode": _cmd_decode,
             "export": _cmd_export, "average": _cmd_average, "runs": _cmd_runs,
             "sweep": _cmd_sweep,
             "crossfold": _cmd_crossfold,
-            "report": _cmd_report, "init": _cmd_init}
+            "report": _cmd_report, "init": _cmd_init, "models": _cmd_models,
+            "finetune": _cmd_finetune}
 
 
 def main(argv=None) -> int:
@@ -688,6 +702,6 @@ def main(argv=None) -> int:
         print(f"rnntrain {cmd}: error: {e}", file=sys.stderr)
         return 2
     args = build_parser().parse_args(argv)
-    if args.cmd in ("train", "crossfold"):
+    if args.cmd in ("train", "crossfold", "finetune"):
         args.overrides, args.resume = overrides, resume
     return run_main("rnntrain", args.cmd, HANDLERS[args.cmd], args)

@@ -20,7 +20,7 @@ import torch
 import rnntrain
 from rnntrain.errors import UserError
 from rnntrain.run import checkpoint as ckpt
-from rnntrain.run.runfolder import RunFolder
+from rnntrain.artifact.runfolder import RunFolder
 from tests.conftest import ROOT, run_cli, train_here
 
 DATA = ROOT / "tests" / "data"
@@ -146,7 +146,7 @@ def test_the_folder_name_is_spelled_once():
     """Every other module asks RunFolder for the checkpoints folder."""
     hits = [f for f in (ROOT / "rnntrain").rglob("*.py")
             if re.search(r"""["']checkpoints["']""", f.read_text())]
-    assert hits == [ROOT / "rnntrain" / "run" / "runfolder.py"]
+    assert hits == [ROOT / "rnntrain" / "artifact" / "runfolder.py"]
 
 
 def test_training_writes_through_the_run_folder(tmp_path, old_data):

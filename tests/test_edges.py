@@ -133,7 +133,7 @@ def test_second_training_on_a_live_run_folder_stops_at_once(tmp_path, synth_pair
 
 def test_run_lock_is_released_when_the_holder_dies(tmp_path):
     """flock belongs to the process: a holder killed with SIGKILL frees the folder."""
-    code = ("import sys, time; from pathlib import Path; from rnntrain.run.runfolder import "
+    code = ("import sys, time; from pathlib import Path; from rnntrain.artifact.runfolder import "
             "RunLock; RunLock(Path(sys.argv[1])).acquire(); print('held', flush=True); "
             "time.sleep(600)")
     p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT,
@@ -141,7 +141,7 @@ def test_run_lock_is_released_when_the_holder_dies(tmp_path):
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
     try:
         assert p.stdout.readline().strip() == "held"
-        from rnntrain.run.runfolder import RunLock
+        from rnntrain.artifact.runfolder import RunLock
         with pytest.raises(UserError, match=f"pid {p.pid}"):
             RunLock(tmp_path).acquire()
     finally:
@@ -846,7 +846,7 @@ def test_training_ends_on_one_summary_line(tmp_path, tiny_run):
 
 
 def test_default_run_names_are_readable():
-    from rnntrain.run.runfolder import RunFolder
+    from rnntrain.artifact.runfolder import RunFolder
 
     def default_run_dir(*args):
         return RunFolder.default(*args).root
@@ -864,7 +864,7 @@ def test_run_dir_that_is_not_a_run_folder_is_refused_before_writing(tmp_path, ti
     """run.dir=/ wrote a run into /. Refused: the root, the home folder, a file, a folder
     holding other files; accepted: a new or empty folder, a previous run's (which then
     asks for --resume). Nothing is written into a refused folder (not even the lock)."""
-    from rnntrain.run.runfolder import RunFolder
+    from rnntrain.artifact.runfolder import RunFolder
 
     def unsuitable_run_folder(d):
         return RunFolder(d).unsuitable()

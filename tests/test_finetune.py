@@ -16,7 +16,7 @@ from rnntrain.errors import UserError
 from rnntrain.run import checkpoint as ckpt
 from rnntrain.run import finetune
 from rnntrain.run.average import WeightAverage
-from rnntrain.run.runfolder import RunFolder
+from rnntrain.artifact.runfolder import RunFolder
 from tests.conftest import ROOT, run_cli, train_here
 
 DATA = ROOT / "tests" / "data"

@@ -132,10 +132,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rnntrain.decode", "rnntrain.augment"),       # pure label/frame functions
     ("rnntrain.compute",),                         # model, tasks, worker pool, device
     ("rnntrain.parallel",),                        # the communicator and the exchange
+    ("rnntrain.artifact",),                        # run folders, model paths, the zoo
     ("rnntrain.run",),                             # the training loop, checkpoints, metrics
     ("rnntrain.tools",),                           # run folders: runs, report, sweeps, folds
     ("rnntrain.infer",),                           # inference, export, ensembles
-    ("rnntrain.api", "rnntrain.cli", "rnntrain.cli_decode", "rnntrain.__main__"),  # commands
+    ("rnntrain.api", "rnntrain.cli", "rnntrain.cli_decode", "rnntrain.cli_models", "rnntrain.cli_finetune",
+     "rnntrain.__main__"),                         # commands
     ("data_tools",),                               # rnntrain-data, over the layers above
 )
 

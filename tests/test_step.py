@@ -25,7 +25,7 @@ from rnntrain.data.dataset import Dataset
 from rnntrain.data.plan import BatchPlanner, PlanSettings, make_plan
 from rnntrain.parallel.comm import LocalComm
 from rnntrain.run import checkpoint as ckpt
-from rnntrain.run.runfolder import RunFolder
+from rnntrain.artifact.runfolder import RunFolder
 from rnntrain.run.state import TrainState
 from rnntrain.run.step import EpochFeed, StepRunner
 from rnntrain.run.train import save_checkpoint, training_parts

@@ -51,10 +51,12 @@ COMBINE = ("auto", "vote", "posteriors")
 
 def model_paths(spec) -> list[Path]:
     """A MODEL argument → the models it names: a crossfold folder → each fold's run folder;
-    ``a,b,c`` → a, b and c (each a checkpoint, run folder or export); else itself."""
+    ``a,b,c`` → a, b and c (each a checkpoint, run folder, export or zoo name); else
+    itself."""
+    from rnntrain.artifact.paths import exists
     from rnntrain.tools.crossfold import read_manifest
     text = str(spec)
-    parts = [text] if Path(text).exists() or "," not in text else \
+    parts = [text] if exists(text) or "," not in text else \
         [p for p in text.split(",") if p]
     out: list[Path] = []
     for part in parts:
@@ -75,7 +77,7 @@ def model_paths(spec) -> list[Path]:
 
 
 def _has_checkpoint(run: Path) -> bool:
-    from rnntrain.run.runfolder import RunFolder
+    from rnntrain.artifact.runfolder import RunFolder
     return RunFolder(run).model_checkpoint() is not None
 
 

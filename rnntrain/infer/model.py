@@ -1,8 +1,9 @@
 """Opening a trained model: the file, its metadata and an engine to run it
 (``rnntrain.load`` / ``rnntrain.infer.api.load`` wrap them in a ``Model``).
 
-``path`` is a checkpoint (``.pt``), a run folder (its ``checkpoints/best.pt``), or a file
-written by ``rnntrain export`` (TorchScript or ONNX). Whatever it is, a ``Model`` knows
+``path`` is a checkpoint (``.pt``), a run folder (its ``checkpoints/best.pt``), a file
+written by ``rnntrain export`` (TorchScript or ONNX) or a zoo name
+(``rnntrain.artifact.paths.resolve``). Whatever it is, a ``Model`` knows
 its labels, input size, frame stacking and front end (``rnntrain.frontend``), and runs
 on one of three engines:
 
@@ -24,31 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
-from rnntrain.errors import UserError, check_regular_file
+from rnntrain.artifact.paths import resolve  # noqa: F401  (infer.model.resolve: the old name)
+from rnntrain.errors import UserError
 from rnntrain.frontend import FrontEnd
 from rnntrain.frontend.images import ImageFrontEnd
 
 EXPORT_META = "rnntrain.json"     # TorchScript extra file / ONNX metadata key
 EXPORT_FORMAT = 1
-
-
-def resolve(path) -> Path:
-    """A run folder → its best checkpoint (else last.pt); a file → itself."""
-    from rnntrain.run.runfolder import RunFolder
-    p = Path(path)
-    if p.is_dir():
-        run = RunFolder.of(p)  # a run folder or its checkpoints folder
-        found = run.model_checkpoint() or next(
-            (c for c in (p / "best.pt", p / "last.pt") if c.is_file()), None)
-        if found is None:
-            raise UserError(f"{p}: a folder without {run.best.relative_to(run.root)} (not a "
-                            f"run folder, or a run that has not finished an epoch)")
-        return found
-    if not p.exists():
-        raise UserError(f"{p}: model not found (a checkpoint, a run folder or an exported "
-                        f"model)")
-    check_regular_file(p, "model")  # a FIFO would block the read, /dev/zero never end
-    return p
 
 
 def kind_of(path: Path) -> str:

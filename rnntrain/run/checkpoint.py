@@ -42,7 +42,7 @@ import torch
 from rnntrain.data.dataset import check_fits
 from rnntrain.errors import UserError, check_regular_file
 from rnntrain.fsutil import atomic_write
-from rnntrain.run.runfolder import RunFolder, step_number
+from rnntrain.artifact.runfolder import RunFolder, step_number
 
 FORMAT_VERSION = 1
 _PAUSE = bool(os.environ.get("RNNTRAIN_TEST_PAUSE"))  # see faults.pause_point

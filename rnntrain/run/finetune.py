@@ -28,22 +28,14 @@ import torch
 from rnntrain.data.dataset import alphabet_difference
 from rnntrain.errors import UserError
 from rnntrain.run import checkpoint as ckpt
-from rnntrain.run.runfolder import RunFolder
 
 MODES = ("keep", "merge", "replace")
 
 
 def source(path: str) -> Path:
-    """A checkpoint file, or a run folder's best (else last) checkpoint."""
-    p = Path(path)
-    if p.is_dir():
-        found = RunFolder.of(p).model_checkpoint()
-        if found is None:
-            raise UserError(f"train.init_from = {path}: a folder without a best.pt or last.pt")
-        return found
-    if not p.exists():
-        raise UserError(f"train.init_from = {path}: no such checkpoint")
-    return p
+    """A checkpoint file, a run folder's best (else last) checkpoint, or a zoo model."""
+    from rnntrain.artifact.paths import resolve
+    return resolve(path, "train.init_from")
 
 
 def alphabet(mode: str, model_labels: list[str], data_labels: list[str], where) -> list[str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from rnntrain.errors import UserError
 from rnntrain.fsutil import atomic_write, drop_torn_tail
-from rnntrain.run.runfolder import RunFolder
+from rnntrain.artifact.runfolder import RunFolder
 
 
 class RunLog:

@@ -43,7 +43,7 @@ from rnntrain.run.average import WeightAverage
 from rnntrain.run.evaluate import eval_batches, evaluate
 from rnntrain.run.faults import StopFlag, pause_point, resume_hint
 from rnntrain.run.metrics import MetricsWindow
-from rnntrain.run.runfolder import RunFolder
+from rnntrain.artifact.runfolder import RunFolder
 from rnntrain.run.runlog import RunLog
 from rnntrain.run.state import TrainState
 from rnntrain.run.step import EpochFeed, RunReader, StepRunner

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rnntrain.errors import UserError
-from rnntrain.run.runfolder import CHECKPOINTS, RunFolder
+from rnntrain.artifact.runfolder import CHECKPOINTS, RunFolder
 
 
 @dataclass

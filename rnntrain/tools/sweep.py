@@ -22,7 +22,7 @@ from pathlib import Path
 from rnntrain.config import load_config, parse_override
 from rnntrain.errors import UserError
 from rnntrain.fsutil import atomic_write
-from rnntrain.run.runfolder import RunFolder
+from rnntrain.artifact.runfolder import RunFolder
 from rnntrain.tools.runs import read_status, summarize
 
 RESULT_KEYS = ("status", "epochs_done", "steps", "best_val_ler", "best_epoch",

@@ -128,11 +128,17 @@ class RunFolder:
     def lock(self) -> Path:
         return self.root / LOCK_NAME
 
+    @property
+    def data(self) -> Path:
+        """The lines ``rnntrain finetune`` converted for this run (train.nc, val.nc ...)."""
+        return self.root / "data"
+
     def entries(self) -> frozenset[str]:
-        """What a run folder may hold: what a training, ``rnntrain report`` (report/) and
-        ``rnntrain sweep`` (console.log) write into it."""
+        """What a run folder may hold: what a training, ``rnntrain report`` (report/),
+        ``rnntrain sweep`` (console.log) and ``rnntrain finetune`` (data/) write into it."""
         return frozenset({p.name for p in (self.lock, self.config, self.status, self.metrics,
-                                           self.log, self.checkpoints, self.tensorboard)}
+                                           self.log, self.checkpoints, self.tensorboard,
+                                           self.data)}
                          | {"report", "console.log"})
 
     def unsuitable(self) -> str | None:
