@@ -8,8 +8,9 @@ Latin print, 15th-16th century types). SHARED: the shared data folder (fraktur19
 archiscribe/). OUT: the model's data folder. Writes
 
 - ``OUT/real-train.tsv``, ``OUT/real-val.tsv``: real lines (image path<TAB>transcript);
-- ``OUT/render-de.txt`` / ``OUT/render-la.txt``: one line of text per line to render, only
-  characters that at least one of the model's fonts draws (render-lines refuses others);
+- ``OUT/render.txt``: one line of text per line to render, only characters that at least
+  one of the model's fonts draws (render-lines refuses others);
+- ``OUT/unseen.tsv`` (de19): archiscribe's 4 test works, scored on the card, in no set;
 - ``OUT/sources.json``: what went in, for the model card (works, lines, licenses).
 
 archiscribe's test works (split.tsv: test) are in no list: its unseen-book test stays
@@ -155,6 +156,9 @@ def main(model: str, shared: Path, out: Path) -> None:
         (out / "render.txt").write_text("\n".join(text) + "\n", encoding="utf-8")
         sources["render_text"] = ("Latin word lines from Faker's `la` lorem word list "
                                   "(MIT), with long s, q; and macron abbreviations drawn in")
+    if model == "de19":  # scored only, never trained on or validated with
+        (out / "unseen.tsv").write_text("".join(f"{p}\t{t}\n" for p, t in arch["test"]),
+                                        encoding="utf-8")
     for name, rows in (("real-train", train), ("real-val", val)):
         (out / f"{name}.tsv").write_text("".join(f"{p}\t{t}\n" for p, t in rows),
                                          encoding="utf-8")

@@ -626,9 +626,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "folder (default here)")
     n.add_argument("--force", action="store_true", help="overwrite an existing file")
     n.add_argument("--list", action="store_true", help="list the examples and exit")
-    from rnntrain import cli_finetune, cli_models
+    from rnntrain import cli_finetune, cli_models, cli_rank
     cli_models.add_parser(sub)
     cli_finetune.add_parser(sub)
+    cli_rank.add_parser(sub)
     return p
 
 
@@ -678,6 +679,11 @@ def _cmd_finetune(args) -> int:
     return cli_finetune.run(args)
 
 
+def _cmd_rank_lines(args) -> int:
+    from rnntrain import cli_rank
+    return cli_rank.run(args)
+
+
 def _cmd_models(args) -> int:
     from rnntrain import cli_models
     return cli_models.run(args)
@@ -690,7 +696,7 @@ HANDLERS = {"train": _cmd_train, "eval": _cmd_eval, "decode": _cmd_decode,
             "sweep": _cmd_sweep,
             "crossfold": _cmd_crossfold,
             "report": _cmd_report, "init": _cmd_init, "models": _cmd_models,
-            "finetune": _cmd_finetune}
+            "finetune": _cmd_finetune, "rank-lines": _cmd_rank_lines}
 
 
 def main(argv=None) -> int:

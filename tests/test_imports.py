@@ -136,8 +136,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rnntrain.run",),                             # the training loop, checkpoints, metrics
     ("rnntrain.tools",),                           # run folders: runs, report, sweeps, folds
     ("rnntrain.infer",),                           # inference, export, ensembles
-    ("rnntrain.api", "rnntrain.cli", "rnntrain.cli_decode", "rnntrain.cli_models", "rnntrain.cli_finetune",
-     "rnntrain.__main__"),                         # commands
+    ("rnntrain.api", "rnntrain.cli", "rnntrain.cli_decode", "rnntrain.cli_models",
+     "rnntrain.cli_finetune", "rnntrain.cli_rank", "rnntrain.__main__"),  # commands
     ("data_tools",),                               # rnntrain-data, over the layers above
 )
 
