@@ -159,6 +159,13 @@ def count_lines(inputs: list[str]) -> int:
     return n
 
 
+def budget(frames: int, batch_frames: int, steps: int) -> tuple[int, int]:
+    """(about how many steps an epoch of ``frames`` takes, whole epochs for ``steps``): the
+    plan packs about ``batch_frames`` padded frames a step (padding: about 10 %)."""
+    per_epoch = max(1, math.ceil(frames * 1.1 / batch_frames))
+    return per_epoch, max(1, min(MAX_EPOCHS, round(steps / per_epoch)))
+
+
 def run(args) -> int:
     from rnntrain.artifact.paths import resolve
     from rnntrain.artifact.runfolder import RunFolder

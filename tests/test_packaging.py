@@ -131,7 +131,8 @@ def test_init_writes_a_recipe_with_what_it_runs(tmp_path):
 # `rnntrain-data images` importing data_tools.audio, cannot come back unseen).
 WHEEL_COVERS = {
     "rnntrain": {"init", "train", "eval", "decode", "tune-decoder", "transcribe", "export",
-                 "runs", "sweep", "report", "crossfold", "calibrate", "average"},
+                 "runs", "sweep", "report", "crossfold", "calibrate", "average", "models",
+                 "finetune", "rank-lines"},
     "rnntrain-data": {"synth", "inspect", "shard", "audio", "kaldi", "lhotse", "convert",
                       "fsdd-strings", "yesno-lists", "ngram", "images", "render-lines",
                       "perplexity", "faker-text", "rnnlib-config", "pagexml"},
@@ -430,6 +431,26 @@ def test_wheel_in_a_fresh_venv_from_another_folder(tmp_path):
         run("rnntrain", "train", "printed_lines.toml", *lines, f"data.train=data/{name}.nc",
             f"data.val=data/{name}.nc", f"run.dir=runs/{name}")
         assert (work / f"runs/{name}/checkpoints/last.pt").is_file()
+    # ---- base models: the zoo inside the installed package, a name wherever a path goes:
+    # transcribe, fine-tune on the .gt.txt folder, rank lines, pack a model of one's own
+    assert "de19-small" in run("rnntrain", "models").stdout
+    card = json.loads(run("rnntrain", "models", "de19-small", "--json").stdout)
+    assert card["name"] == "de19-small" and card["scores"]
+    assert run("rnntrain", "transcribe", "de19-small", img).stdout.startswith(str(img))
+    run("rnntrain", "finetune", "de19-small", "data/gt", "--out", "runs/ft", "--steps", "2",
+        "compute.threads=1")
+    assert (work / "runs/ft/checkpoints/best.pt").is_file()
+    ranked = run("rnntrain", "rank-lines", "de19-small,runs/ft", "data/lines/img", "--top",
+                 "3").stdout.splitlines()
+    assert len(ranked) == 3
+    (work / "info.json").write_text(json.dumps({
+        "title": "mine", "summary": "a fine-tuned model", "licenses": ["CC0"],
+        "data": [{"corpus": "rendered", "lines": n, "license": "CC0"}],
+        "training": {"command": "rnntrain finetune", "date": "today", "cpu": "this one",
+                     "cpu_seconds": 1, "commit": "none"}}))
+    run("rnntrain", "models", "mine", "--pack", "runs/ft", "--info", "info.json", "--out",
+        "myzoo", "--score", "gt=runs/ft/data/val.nc")
+    assert "mine" in run("rnntrain", "models", env={"RNNTRAIN_MODELS": str(work / "myzoo")}).stdout
 
     # ---- speech: fsdd-strings → audio → train → transcribe a recording; yesno-lists
     run("rnntrain-data", "fsdd-strings", "--recordings", "fsdd_recordings", "--split", "test",
