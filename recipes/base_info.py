@@ -4,11 +4,12 @@
 
 Title, summary, data and licenses (from DATA/sources.json, written by base_data.py), and
 the training: the command, the date it finished, the CPU (lscpu), the CPU seconds of
-every invocation (DATA/cpu_seconds.log) and the commit.
+every invocation (DATA/cpu_seconds.log) and the commit; $NOTE, if set, as its note.
 """
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -92,6 +93,9 @@ def main(name: str, data: Path, run: Path, epochs: int) -> None:
             "epochs": status.get("epoch", epochs), "cpu_seconds": round(cpu_s),
             "commit": commit, "status": status.get("status")},
     }
+    note = os.environ.get("NOTE", "")   # what the recipe's command does not say
+    if note:
+        info["training"]["note"] = note
     json.dump(info, sys.stdout, indent=1, ensure_ascii=False)
     print()
 

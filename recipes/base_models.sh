@@ -22,7 +22,7 @@
 #
 # Resumable: run it again after a kill; converted data are kept, an interrupted training
 # resumes from its newest checkpoint (bit-identically), a finished one is only packed.
-# Cost (docs/ocr.md): de19-small 16 epochs on 2 cores, about 1 h 45 min.
+# Cost: docs/accuracy.md, "Base models" (de19-small: 12 epochs on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -n "${PYTHON:-}" ] || [ ! -f scripts/env.sh ] || source scripts/env.sh
@@ -95,7 +95,7 @@ sys.exit(rc)' "$D/cpu_seconds.log" \
 
 for m in "${models[@]}"; do
     case "$m" in
-        de19-small) build de19-small de19 16 2707 30-44 ;;
+        de19-small) build de19-small de19 12 2707 30-44 ;;
         latin15-small) build latin15-small latin15 16 6000 30-44 ;;
         *) echo "$(basename "$0"): $m: give de19-small, latin15-small or all" >&2; exit 2 ;;
     esac

@@ -13,7 +13,7 @@ import torch
 
 from rnntrain.artifact import zoo
 from rnntrain.run import checkpoint as ckpt
-from tests.conftest import run_cli
+from tests.conftest import ROOT, run_cli
 
 PIL = pytest.importorskip("PIL")
 from PIL import Image  # noqa: E402
@@ -297,3 +297,48 @@ def test_shipped_zoo_cards_are_complete():
         net = ck.card.build()
         assert card["architecture"]["parameters"] == sum(p.numel() for p in net.parameters())
         assert {"validation"} <= set(card["scores"])
+
+
+SHARED = ROOT.parent / "shared" / "data"   # the project's third-party data, read in place
+
+
+@pytest.mark.skipif(not (SHARED / "archiscribe" / "split.tsv").is_file(),
+                    reason="needs ../shared/data (archiscribe, fraktur19)")
+def test_base_model_data_keep_the_unseen_books_out(tmp_path):
+    """recipes/base_data.py: no line of archiscribe's test works in the training or
+    validation lists, no test transcript among the texts to render, every fraktur19 line
+    and every archiscribe training line in training, the validation lines validating."""
+    import subprocess
+    import sys
+    sys.path.insert(0, str(ROOT / "recipes"))
+    import base_data
+    missing = [p for p in base_data.font_paths("de19") if not p.is_file()]
+    if missing:
+        pytest.skip(f"the de19 fonts are not installed ({missing[0]})")
+    r = subprocess.run([sys.executable, "recipes/base_data.py", "de19", str(SHARED),
+                        str(tmp_path)], capture_output=True, text=True,
+                       cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    split = [ln.split("\t") for ln in (SHARED / "archiscribe" / "split.tsv").read_text(
+        encoding="utf-8").splitlines()[1:]]
+    test_works = {img.split("/")[0] for img, s in split if s == "test"}
+    train_works = {img.split("/")[0] for img, s in split if s != "test"}
+    assert test_works and not test_works & train_works
+
+    def works(name):
+        return {p.split("\t")[0].split("/archiscribe/")[1].split("/")[0]
+                for p in (tmp_path / name).read_text(encoding="utf-8").splitlines()
+                if "/archiscribe/" in p}
+    assert works("real-train.tsv") == train_works and not works("real-train.tsv") & test_works
+    assert not works("real-val.tsv") & test_works
+    texts = set((tmp_path / "render.txt").read_text(encoding="utf-8").splitlines())
+    for img, s in split:
+        gt = (SHARED / "archiscribe" / (img.rsplit(".", 1)[0] + ".gt.txt")).read_text(
+            encoding="utf-8")
+        if s == "test":
+            assert " ".join(gt.split()) not in texts, img
+    n_train = sum(1 for _, s in split if s == "train")
+    n_f19 = len(list((SHARED / "fraktur19").rglob("*.gt.txt")))
+    assert len((tmp_path / "real-train.tsv").read_text().splitlines()) == n_train + n_f19
+    assert len((tmp_path / "unseen.tsv").read_text().splitlines()) == \
+        sum(1 for _, s in split if s == "test")
