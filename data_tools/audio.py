@@ -61,7 +61,7 @@ def list_lines(lp: Path, text: str) -> list[tuple[int, Path, str]]:
     """The entries of a LIST.tsv's text: (line number, path resolved against the list's
     folder, transcript as written); blank lines and ``#`` comments skipped."""
     out = []
-    for n, raw in enumerate(text.splitlines(), 1):
+    for n, raw in enumerate(text.lstrip("\ufeff").splitlines(), 1):   # (a UTF-8 BOM)
         if not raw.strip() or raw.lstrip().startswith("#"):
             continue
         if "\t" not in raw:

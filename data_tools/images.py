@@ -204,6 +204,29 @@ def ascii_alphabet(space: str = SPACE) -> list[str]:
     return [space] + [chr(c) for c in range(33, 127)]
 
 
+def check_text(text: str, where: str) -> str:
+    """A transcript as written → its text: a leading byte-order mark (U+FEFF, as Windows
+    editors save UTF-8) dropped; a control character other than whitespace (NUL, ESC ...)
+    refused with one line naming the file: it is no character of a print, and as a label
+    it would be trained silently."""
+    text = text.lstrip("\ufeff")
+    for k, c in enumerate(text):
+        if unicodedata.category(c) == "Cc" and not c.isspace():
+            raise UserError(f"{where}: holds the control character U+{ord(c):04X} at "
+                            f"character {k + 1}: not text (a damaged or binary file?)")
+    return text
+
+
+def drop_empty(lines: list["Line"], what: str = "rnntrain-data images") -> list["Line"]:
+    """``lines`` less those whose transcript is empty or blank, with a note naming how many
+    and the first (an empty target would train the model to read nothing there)."""
+    empty = [ln for ln in lines if not ln.text.strip()]
+    if empty:
+        print(f"{what}: note: {len(empty)} line(s) with an empty transcript were left out "
+              f"(first: {empty[0].where})", file=sys.stderr)
+    return [ln for ln in lines if ln.text.strip()]
+
+
 def text_labels(text: str, space: str = SPACE) -> list[str]:
     """Plain text → label names: NFC, whitespace runs → one space, stripped."""
     text = " ".join(unicodedata.normalize("NFC", text).split())
@@ -383,6 +406,11 @@ def convert_lines(lines: list[Line], out, settings: ImageSettings, chars: bool =
     settings.check("--height/--trim/--invert")
     if chars and (not space or space.split() != [space]):
         raise UserError(f"--space {space!r}: give a label name without whitespace")
+    for ln in lines:
+        ln.text = check_text(ln.text, ln.where)
+    lines = drop_empty(lines)
+    if not lines:
+        raise UserError(f"{source or out}: every transcript is empty")
     texts = [text_labels(ln.text, space) if chars else ln.text.split() for ln in lines]
     parts = split_indices(len(lines), split, seed) if split else [list(range(len(lines)))]
     if labels is None:

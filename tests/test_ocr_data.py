@@ -179,6 +179,36 @@ def test_gt_txt_folder_glob_and_variants(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+def test_bom_nul_and_empty_transcripts(tmp_path):
+    """A .gt.txt saved with a UTF-8 byte-order mark reads as its text (no U+FEFF label); a
+    list file with one too; empty and blank transcripts are left out with a note; a NUL
+    (or another control character) is one line naming the file."""
+    texts = write_gt_folder(tmp_path / "a", 4)
+    (tmp_path / "a" / "0000.gt.txt").write_bytes("\ufeff".encode() + texts[0].encode() + b"\n")
+    (tmp_path / "a" / "0003.gt.txt").write_text("  \n", encoding="utf-8")
+    r = run_cli("data_tools", "images", tmp_path / "a", "--out", tmp_path / "o.nc")
+    assert r.returncode == 0, r.stderr
+    assert "1 line(s) with an empty transcript were left out" in r.stderr
+    assert "0003.gt.txt" in r.stderr
+    ds, _, tags, got, _, _ = read_nc(tmp_path / "o.nc")
+    assert tags == ["0000.png", "0001.png", "0002.png"]
+    assert got == [" ".join(unicodedata.normalize("NFC", t).split()) for t in texts[:3]]
+    assert "U+FEFF" not in ds.labels
+    lst = tmp_path / "a" / "list.tsv"
+    lst.write_bytes("\ufeff0001.png\tabc\n".encode())
+    r = run_cli("data_tools", "images", "--list", lst, "--out", tmp_path / "l.nc", "--chars")
+    assert r.returncode == 0, r.stderr
+    assert read_nc(tmp_path / "l.nc")[3] == ["abc"]
+    (tmp_path / "a" / "0001.gt.txt").write_bytes(b"ab\x00c\n")
+    r = run_cli("data_tools", "images", tmp_path / "a", "--out", tmp_path / "n.nc")
+    clean_error(r, "0001.gt.txt", "control character U+0000")
+    assert not (tmp_path / "n.nc").exists()
+    for f in ("0000", "0001", "0002"):
+        (tmp_path / "a" / f"{f}.gt.txt").write_text("\n")
+    r = run_cli("data_tools", "images", tmp_path / "a", "--out", tmp_path / "e.nc")
+    clean_error(r, "every transcript is empty")
+
+
 def test_labels_file_with_a_comma_and_out_of_alphabet_lines(tmp_path):
     """A labels file (one per line) can hold ','; --labels-from keeps lines with characters
     the alphabet lacks, target = the known ones, full text in fullTargetStrings;
