@@ -67,7 +67,19 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     if precision == "fp16" and device.type != "cuda":
         raise UserError("compute.precision = 'fp16' needs a CUDA device; use 'bf16' or "
                         "'fp32' on CPU")
+    if precision == "bf16" and device.type == "cpu" and not cpu_bf16():
+        raise UserError("compute.precision = 'bf16': oneDNN has no bf16 LSTM on this CPU "
+                        "(it needs AVX-512); use 'fp32' (or 'auto', which then picks fp32)")
     return AUTOCAST.get(precision)
+
+
+def cpu_bf16() -> bool:
+    """Can oneDNN run bf16 on this CPU (AVX-512 with its bf16 emulation, avx512_bf16 or
+    AMX)? An AVX2-only core (Zen 3, older Xeons) cannot create a bf16 LSTM primitive."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch without the query: assume it can
+        return True
 
 
 def host_every(device: torch.device, log_every: int) -> int:

@@ -31,9 +31,13 @@ TRIAL_STEPS = 3  # per candidate: one warm-up step, then the timed ones
 
 def candidates(device: torch.device) -> tuple[str, ...]:
     """The precisions "auto" chooses between on ``device``: fp32 and bf16 (fp16 needs loss
-    scaling and buys nothing over bf16 where bf16 runs)."""
+    scaling and buys nothing over bf16 where bf16 runs); fp32 alone where bf16 cannot
+    run."""
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return ("fp32",)
+    from rnntrain.compute.device import cpu_bf16
+    if device.type == "cpu" and not cpu_bf16():
+        return ("fp32",)   # an AVX2-only CPU: no bf16 LSTM to time
     return ("fp32", "bf16")
 
 
