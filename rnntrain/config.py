@@ -28,12 +28,29 @@ from rnntrain.fsutil import read_bytes
 # reads both from the dataclasses, so a new key needs no second table.
 # "finite": inf passes "> 0", and a learning rate of inf turns every weight into NaN at the
 # first step (inf is kept where it means "never": every_minutes, timeout_s).
-def positive(default, finite: bool = False):
-    return field(default=default, metadata={"gt": 0, "finite": finite})
+# "le": an upper bound where a value multiplies into memory or time (model.layers = 10000,
+# train.epochs = 2**70 and augment.blur = 1e6 were accepted and then hung or asked for
+# terabytes): far above any sensible setting, far below what breaks the machine.
+def positive(default, finite: bool = False, most=None):
+    return field(default=default, metadata={"gt": 0, "finite": finite,
+                                            **({"le": most} if most is not None else {})})
 
 
-def non_negative(default, finite: bool = False):
-    return field(default=default, metadata={"ge": 0, "finite": finite})
+def non_negative(default, finite: bool = False, most=None):
+    return field(default=default, metadata={"ge": 0, "finite": finite,
+                                            **({"le": most} if most is not None else {})})
+
+
+def knob(most=None, lt=None, integer: bool = False):
+    """An [augment] knob: -1 (the preset's value) or a value from 0 up to ``most`` (or
+    below ``lt``)."""
+    m = {"ge": -1, "knob": True, **({"le": most} if most is not None else {"lt": lt})}
+    if not integer:
+        m["finite"] = True
+    return field(default=-1 if integer else -1.0, metadata=m)
+
+
+MANY = 10**6           # epochs, steps, patience ...: counts a run could never reach
 
 
 Cell = Literal["lstm", "peephole"]
@@ -79,9 +96,9 @@ class DataConfig(Section):
     """validation set (same alphabet and inputPattSize); "" = none"""
     test: str = ""
     """optional: scored with the best checkpoint after training"""
-    chunk_frames: int = positive(2_000_000)
+    chunk_frames: int = positive(2_000_000, most=2**31 - 1)
     """frames per chunk read at a time from a single .nc file (the reader holds two)"""
-    folds: int = non_negative(0)
+    folds: int = non_negative(0, most=1000)
     """cross-validation (``rnntrain crossfold``): split data.train into this many folds
     (rnntrain.data.folds; a function of train.seed), train on all but data.fold and
     validate on data.fold (data.val stays empty); 0 = off"""
@@ -92,13 +109,13 @@ class DataConfig(Section):
 @dataclass
 class ModelConfig(Section):
     """The network: an optional convolutional front end, LSTM layers, the CTC output."""
-    layers: int = positive(2)
+    layers: int = positive(2, most=64)
     """LSTM layers"""
-    hidden: int = positive(128)
+    hidden: int = positive(128, most=16384)
     """units per direction"""
     bidirectional: bool = True
     """BLSTM (true) or forward-only LSTM layers"""
-    subsample: int = positive(1)
+    subsample: int = positive(1, most=64)
     """stack this many frames into one (speech: 3 is typical)"""
     cell: Cell = "lstm"
     """"lstm" (cuDNN/oneDNN) or "peephole" (RNNLIB's cell)"""
@@ -109,7 +126,7 @@ class ModelConfig(Section):
     pixels; 1-D data: time convolution)"""
     conv_channels: list[int] = field(default_factory=lambda: [16, 32, 48, 64])
     """output channels of each convolution block (one entry per block)"""
-    conv_kernel: int = positive(3)
+    conv_kernel: int = positive(3, most=63)
     """odd; k x k (1 x k on 1-D data)"""
     conv_pool_h: list[int] = field(default_factory=lambda: [2, 2, 2, 1])
     """height pooling of each block"""
@@ -149,9 +166,9 @@ class OptimConfig(Section):
     """loss normalisation: "sum" (RNNLIB), "sequences", "frames" (global counts)"""
     schedule: Schedule = "constant"
     """"constant", "cosine" or "step\""""
-    warmup_steps: int = non_negative(0)
+    warmup_steps: int = non_negative(0, most=10**9)
     """linear warm-up over this many steps"""
-    step_epochs: int = positive(10)
+    step_epochs: int = positive(10, most=MANY)
     """"step" schedule: multiply lr by step_gamma every N epochs"""
     step_gamma: float = positive(0.5, finite=True)
     """"step" schedule factor"""
@@ -163,18 +180,18 @@ class OptimConfig(Section):
 class TrainConfig(Section):
     """How long to train, with which seed, when to validate and stop; fine-tuning and
     weight averaging."""
-    epochs: int = positive(10)
+    epochs: int = positive(10, most=MANY)
     """passes over the training data"""
     seed: int = field(default=1, metadata={"ge": 0, "lt": 2**32})
     """seed of every random draw (weights, plans, noise); below 2**32: the plan's generator
     keeps the low 32 bits (larger seeds would alias smaller ones)"""
     input_noise: float = non_negative(0.0, finite=True)
     """Gaussian noise std added to inputs (RNNLIB's inputNoiseDev)"""
-    max_bad_steps: int = positive(5)
+    max_bad_steps: int = positive(5, most=MANY)
     """NaN/Inf steps in a row before the run stops"""
-    patience: int = non_negative(0)
+    patience: int = non_negative(0, most=MANY)
     """stop after N validations without improvement (RNNLIB's maxTestsNoBest); 0 = never"""
-    val_every_epochs: int = positive(1)
+    val_every_epochs: int = positive(1, most=MANY)
     """epochs between validations"""
     init_from: str = ""
     """fine-tuning (rnntrain.run.finetune): a new run (its own optimizer, schedule and
@@ -192,16 +209,16 @@ class TrainConfig(Section):
     ends); rnntrain.run.average"""
     ema_decay: float = field(default=0.999, metadata={"gt": 0, "lt": 1})
     """decay of the "ema" average per step"""
-    average_last: int = positive(5)
+    average_last: int = positive(5, most=MANY)
     """epoch ends the "last" average spans"""
 
 
 @dataclass
 class BatchConfig(Section):
     """How sequences are grouped into batches (the epoch planner, rnntrain.data.plan)."""
-    batch_frames: int = positive(8000)
+    batch_frames: int = positive(8000, most=10**9)
     """padded frames per global batch (sequences x longest, all ranks together)"""
-    round_lengths: int = non_negative(0)
+    round_lengths: int = non_negative(0, most=1024)
     """pad batches to a ladder of N lengths per doubling (a GPU sees few shapes); 0 = off"""
     plan: PlanStrategy = "auto"
     """the epoch planner: "auto" (sharded for a manifest, else length), "length",
@@ -232,11 +249,11 @@ class ComputeConfig(Section):
     every sum, so a run keeps one kernel for its whole life; CUDA runs cuDNN's either way"""
     deterministic: bool = True
     """CUDA: deterministic cuDNN kernels (the CPU path always is)"""
-    threads: int = non_negative(0)
+    threads: int = non_negative(0, most=4096)
     """worker threads; 0 = fill this rank's cores (cores / intra_threads)"""
-    intra_threads: int = positive(1)
+    intra_threads: int = positive(1, most=4096)
     """torch intra-op threads per worker (one process-wide setting)"""
-    tasks_per_worker: int = positive(2)
+    tasks_per_worker: int = positive(2, most=1024)
     """micro-batches per worker per batch (load balance)"""
     allocator: Allocator = "cache"
     """"cache": freed memory stays in the process for the next step's tensors (no page
@@ -256,7 +273,7 @@ class CheckpointConfig(Section):
     """a step checkpoint every N steps; 0 = only at epoch ends (and every_minutes)"""
     every_minutes: float = non_negative(10.0)
     """a step checkpoint after this many minutes without one (inf = never)"""
-    keep_last: int = positive(2)
+    keep_last: int = positive(2, most=MANY)
     """step checkpoints kept (best.pt and last.pt always are)"""
 
 
@@ -323,45 +340,45 @@ class AugmentConfig(Section):
     pixel, half the contrast jitter and noise, half the sequences); "speech": feature sequences (SpecAugment's
     frequency and time masks and time warp as ESPnet sets them, speed perturbation 0.9-1.1,
     feature noise)."""
-    prob: float = field(default=-1.0, metadata={"ge": -1, "finite": True})
+    prob: float = knob(1)
     """Chance that a sequence is augmented at all in an epoch (else it is used as is)."""
-    rotate: float = field(default=-1.0, metadata={"ge": -1, "finite": True})
+    rotate: float = knob(45)
     """Images: largest rotation, degrees (uniform in +-rotate)."""
-    shear: float = field(default=-1.0, metadata={"ge": -1, "finite": True})
+    shear: float = knob(2)
     """Images: largest horizontal shear, x shift per pixel of height (slant; 0.2 = 11 deg)."""
-    scale: float = field(default=-1.0, metadata={"ge": -1, "lt": 1, "finite": True})
+    scale: float = knob(lt=1)
     """Images: largest relative change of the glyph size (both axes; the width follows)."""
-    stretch: float = field(default=-1.0, metadata={"ge": -1, "lt": 1, "finite": True})
+    stretch: float = knob(lt=1)
     """Images: largest relative change of the width alone (narrow or wide typefaces)."""
-    translate: float = field(default=-1.0, metadata={"ge": -1, "finite": True})
+    translate: float = knob(0.5)
     """Images: largest vertical shift, as a share of the image height."""
-    elastic: float = field(default=-1.0, metadata={"ge": -1, "finite": True})
+    elastic: float = knob(20)
     """Images: elastic distortion, typical displacement in pixels (a smooth random field)."""
-    elastic_scale: float = field(default=-1.0, metadata={"ge": -1, "finite": True})
+    elastic_scale: float = knob(1000)
     """Images: distance between the elastic field's random control points, pixels (larger:
     smoother, wider bends)."""
-    blur: float = field(default=-1.0, metadata={"ge": -1, "finite": True})
+    blur: float = knob(20)
     """Images: largest Gaussian blur sigma, pixels (uniform in 0..blur)."""
-    morph: int = field(default=-1, metadata={"ge": -1})
+    morph: int = knob(15, integer=True)
     """Images: largest erosion/dilation window, pixels (2 or 3 thin or thicken strokes;
     0 or 1 = off); erosion or dilation with equal chance."""
-    contrast: float = field(default=-1.0, metadata={"ge": -1, "lt": 1, "finite": True})
+    contrast: float = knob(lt=1)
     """Images: ink/background contrast jitter: ink at 1 - U(0, c), background at
     U(0, c/2) (pixels 0..1, ink high, as ``rnntrain-data images`` writes them)."""
-    noise: float = field(default=-1.0, metadata={"ge": -1, "finite": True})
+    noise: float = knob(10)
     """Images and features: standard deviation of additive Gaussian noise (pixels 0..1;
     features: in their own units, normalised features have unit variance)."""
-    freq_masks: int = field(default=-1, metadata={"ge": -1})
+    freq_masks: int = knob(100, integer=True)
     """Features: number of SpecAugment frequency masks (bands set to 0)."""
-    freq_mask_width: float = field(default=-1.0, metadata={"ge": -1, "lt": 1, "finite": True})
+    freq_mask_width: float = knob(lt=1)
     """Features: largest width of a frequency mask, as a share of the feature dimension."""
-    time_masks: int = field(default=-1, metadata={"ge": -1})
+    time_masks: int = knob(100, integer=True)
     """Features: number of SpecAugment time masks (frames set to 0)."""
-    time_mask_width: float = field(default=-1.0, metadata={"ge": -1, "lt": 1, "finite": True})
+    time_mask_width: float = knob(lt=1)
     """Features: largest width of a time mask, as a share of the sequence length."""
-    time_warp: int = field(default=-1, metadata={"ge": -1})
+    time_warp: int = knob(1000, integer=True)
     """Features: SpecAugment time warp window W, frames (a random centre moves by up to W)."""
-    speed: float = field(default=-1.0, metadata={"ge": -1, "lt": 1, "finite": True})
+    speed: float = knob(lt=1)
     """Features: speed perturbation, largest relative change (0.1: factors 0.9-1.1, the
     length divided by the factor); a sequence made too short for its CTC target falls back
     to the unaugmented one."""
@@ -417,7 +434,11 @@ def field_docs(cls) -> dict[str, str]:
 
 def _limits(f) -> str:
     m = f.metadata
-    out = [f"{op} {m[k]}" for k, op in (("gt", ">"), ("ge", ">="), ("lt", "<")) if k in m]
+    if m.get("knob"):
+        top = f"<= {m['le']}" if "le" in m else f"< {m['lt']}"
+        return f"-1 (the preset's) or >= 0 and {top}" + (", finite" if m.get("finite") else "")
+    out = [f"{op} {m[k]}" for k, op in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+           if k in m]
     return ", ".join(out + (["finite"] if m.get("finite") else []))
 
 
@@ -566,6 +587,10 @@ def validate(cfg: Config):
                 raise ConfigError(f"{key} = {v!r} must be >= {f.metadata['ge']}")
             if "lt" in f.metadata and not v < f.metadata["lt"]:
                 raise ConfigError(f"{key} = {v!r} must be < {f.metadata['lt']}")
+            if "le" in f.metadata and not v <= f.metadata["le"]:
+                raise ConfigError(f"{key} = {v!r} must be <= {f.metadata['le']}")
+            if f.metadata.get("knob") and v != -1 and not v >= 0:
+                raise ConfigError(f"{key} = {v!r} must be -1 (the preset's value) or >= 0")
             if f.metadata.get("finite") and not math.isfinite(v):
                 raise ConfigError(f"{key} = {v!r} must be a finite number")
             if isinstance(v, str):
@@ -583,6 +608,11 @@ def validate(cfg: Config):
                               f"{len(m.conv_pool_h)}, {len(m.conv_pool_w)})")
         if min(m.conv_channels + m.conv_pool_h + m.conv_pool_w) < 1:
             raise ConfigError("model.conv_channels, conv_pool_h and conv_pool_w must be >= 1")
+        for name, most in (("conv_channels", 4096), ("conv_pool_h", 64), ("conv_pool_w", 64)):
+            big = [v for v in getattr(m, name) if v > most]
+            if big or len(getattr(m, name)) > 16:
+                raise ConfigError(f"model.{name} = {getattr(m, name)}: at most 16 blocks of "
+                                  f"at most {most}")
         if m.conv_kernel % 2 == 0:
             raise ConfigError(f"model.conv_kernel = {m.conv_kernel} must be odd (the "
                               "convolutions keep the size: padding k // 2 each side)")

@@ -51,6 +51,18 @@ def test_file_and_overrides(tmp_path):
     ("model.dropout=1", "model.dropout = 1.0 must be < 1"),
     ("compute.threads=-1", "compute.threads = -1 must be >= 0"),
     ("checkpoint.keep_last=0", "checkpoint.keep_last = 0 must be > 0"),
+    # upper bounds where a value multiplies into memory or time; -1 or >= 0 for the knobs
+    ("train.epochs=1180591620717411303424", "train.epochs = 1180591620717411303424 must be <= 1000000"),
+    ("model.layers=10000", "model.layers = 10000 must be <= 64"),
+    ("model.hidden=100000", "model.hidden = 100000 must be <= 16384"),
+    ("model.conv_kernel=101", "model.conv_kernel = 101 must be <= 63"),
+    ("augment.blur=1e6", "augment.blur = 1000000.0 must be <= 20"),
+    ("augment.shear=1e9", "augment.shear = 1000000000.0 must be <= 2"),
+    ("augment.prob=1.5", "augment.prob = 1.5 must be <= 1"),
+    ("augment.blur=-0.5", "augment.blur = -0.5 must be -1 (the preset's value) or >= 0"),
+    ("augment.contrast=-0.2", "augment.contrast = -0.2 must be -1 (the preset's value) or >= 0"),
+    ("augment.morph=-2", "augment.morph = -2 must be >= -1"),
+    ("batch.batch_frames=10000000000", "batch.batch_frames = 10000000000 must be <= 1000000000"),
 ])
 def test_config_errors(override, needle):
     with pytest.raises(ConfigError) as e:
