@@ -9,6 +9,9 @@
 #
 #   recipes/base_finetune.sh [N ...]            (default: 30 60 150 503)
 #
+# N = rankK: the K training lines `rnntrain rank-lines BASE` puts first (the base model's
+# doubt), fine-tuned alike (HOW=ft): against N = K, K lines drawn at random.
+#
 # The scratch runs use the whole budget (no early stopping: from random weights the
 # validation score stays at 100 % for the first epochs, which patience would stop at).
 #
@@ -34,10 +37,11 @@ sizes=("$@")
 mkdir -p "$OUT"
 
 # the lists: N training lines (a seeded shuffle's first N), the validation and test lines
-"$PY" - "$SHARED/archiscribe" "$OUT" "$SEED" "${sizes[@]}" <<'PYEOF'
-import random, sys, unicodedata
+"$PY" - "$SHARED/archiscribe" "$OUT" "$SEED" "$BASE" "${sizes[@]}" <<'PYEOF'
+import json, random, subprocess, sys, unicodedata
 from pathlib import Path
-src, out, seed, sizes = Path(sys.argv[1]).resolve(), Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+src, out, seed, base = Path(sys.argv[1]).resolve(), Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+sizes = sys.argv[5:]
 rows = [ln.split("\t") for ln in (src / "split.tsv").read_text(encoding="utf-8").splitlines()[1:] if ln]
 parts = {"train": [], "val": [], "test": []}
 for image, split in rows:
@@ -45,7 +49,18 @@ for image, split in rows:
     parts[split].append(f"{src / image}\t{' '.join(unicodedata.normalize('NFC', text).split())}\n")
 train = parts["train"]
 random.Random(seed).shuffle(train)
+(out / "train-all.tsv").write_text("".join(train), encoding="utf-8")
 for n in sizes:
+    if n.startswith("rank"):   # the N lines rank-lines puts first (BASE's doubt)
+        f = out / f"train-{n}.tsv"
+        if not f.is_file():
+            r = subprocess.run([sys.executable, "-m", "rnntrain", "rank-lines", base,
+                                str(out / "train-all.tsv"), "--all", "--json"],
+                               capture_output=True, text=True, check=True)
+            top = [json.loads(ln)["path"] for ln in r.stdout.splitlines()][:int(n[4:])]
+            text = {ln.split("\t")[0]: ln for ln in train}
+            f.write_text("".join(text[p] for p in top), encoding="utf-8")
+        continue
     (out / f"train-{n}.tsv").write_text("".join(train[:int(n)]), encoding="utf-8")
 (out / "val.tsv").write_text("".join(parts["val"]), encoding="utf-8")
 (out / "test.tsv").write_text("".join(parts["test"]), encoding="utf-8")
