@@ -89,6 +89,11 @@ sys.exit(rc)' "$D/cpu_seconds.log" \
         [ -f "$D/unseen.nc" ] || "$PY" -m rnntrain_data images --list "$D/unseen.tsv" \
             --out "$D/unseen.nc" --chars --height 48 --trim none --labels-from "$D/train.nc"
         scores+=(--score "archiscribe-unseen-books=$D/unseen.nc")
+        # a real page of another book (Kant, 1784; OCR-D's ground truth): its lines as test
+        [ -f "$D/kant.nc" ] || "$PY" -m rnntrain_data pagexml \
+            "$SHARED/ocrd-kant/OCR-D-GT-PAGE/PAGE_0017_PAGE.xml" --out "$D/kant.nc" \
+            --height 48 --trim none --labels-from "$D/train.nc"
+        scores+=(--score "ocrd-kant-page=$D/kant.nc")
     fi
     "$PY" -m rnntrain models "$name" --pack "$RUN" --info "$D/info.json" --out "$ZOO" "${scores[@]}"
 }
