@@ -27,6 +27,16 @@ def beam_width(text: str) -> int:
     return v
 
 
+def nbest_count(text: str) -> int:
+    """--nbest: 1 to MAX_BEAM. N best needs a beam at least N wide, so the beam's cap is
+    its cap too (--nbest 100000 would otherwise lift the beam past it)."""
+    v = positive_int(text)
+    if v > MAX_BEAM:
+        raise argparse.ArgumentTypeError(f"{v} is more than {MAX_BEAM} (the N best come "
+                                         f"from a beam of at least N, at most {MAX_BEAM})")
+    return v
+
+
 def add_decoder_arguments(p, default_threads: int = 0, threads: bool = True) -> None:
     """The decoding options of ``eval``, ``decode``, ``tune-decoder`` (and any command that
     decodes): pass the parsed namespace to ``decoder_from_args``. ``threads`` False: the
@@ -55,7 +65,7 @@ def add_decoder_arguments(p, default_threads: int = 0, threads: bool = True) -> 
 def add_output_arguments(p) -> None:
     """What ``decode`` and ``transcribe`` give back besides the hypothesis
     (docs/decoding.md, "What comes back")."""
-    p.add_argument("--nbest", type=positive_int, default=1, metavar="N",
+    p.add_argument("--nbest", type=nbest_count, default=1, metavar="N",
                    help="the N best hypotheses of the beam search, with scores, one line "
                         "each (implies --full; without --beam: --beam max(8, N))")
     p.add_argument("--full", action="store_true",

@@ -807,6 +807,8 @@ def test_model_lm_and_lexicon_fifo_or_endless_refused_and_arpa_checked(tmp_path,
         "label-bonus": ((*E, "--beam", "4", "--label-bonus=-inf"),
                         "--label-bonus: -inf must be a finite number"),
         "beam-huge": ((*E, "--beam", "100000"), "--beam: 100000 is more than 1024"),
+        "nbest-huge": (("rnntrain", "decode", run, data, "--nbest", "100000"),
+                       "--nbest: 100000 is more than 1024"),
         "good": ((*E, "--lm", good), None),
     }
     with alarm(280):
