@@ -516,6 +516,43 @@ def test_page_xml_in_page_xml_out(tmp_path, capsys):
         assert tags.index("TextEquiv") > tags.index("Coords")
 
 
+def test_page_out_writes_back_lines_without_an_id(tmp_path, capsys):
+    """TextLines without @id (invalid PAGE, found in the wild) are transcribed as #n (their
+    place on the page) and written back: each gets an unused id and the text its crop
+    reads, the same text as the page with ids gives, and a note says so."""
+    import xml.etree.ElementTree as ET
+    from tests.test_infer_images import image_run
+    from tests.test_ocr_data import PAGE_NS, rotated_page
+    run = image_run(tmp_path / "m", "columns", 12)[0]
+    (tmp_path / "p").mkdir()
+    xml, _ = rotated_page(tmp_path / "p", "2019")
+    (tmp_path / "q").mkdir()
+    import shutil
+    shutil.copytree(tmp_path / "p" / "img", tmp_path / "q" / "img")
+    bare = tmp_path / "q" / "page.xml"   # l0 keeps its id, l1 loses it, l2 takes "line_2"
+    bare.write_text(xml.read_text().replace('<TextLine id="l1">', "<TextLine>")
+                    .replace('<TextLine id="l2">', '<TextLine id="line_2">'))
+    for d in ("out", "out2"):
+        (tmp_path / d).mkdir()
+    want = {json.loads(ln)["input"].rsplit("#", 1)[1]: json.loads(ln)["text"] for ln in _main(
+        capsys, "transcribe", run, xml, "--json", "--page-out", tmp_path / "out").splitlines()}
+    from rnntrain.cli import main
+    assert main(["transcribe", str(run), str(bare), "--json", "--page-out",
+                 str(tmp_path / "out2")]) == 0
+    out = capsys.readouterr()
+    got = [json.loads(ln) for ln in out.out.splitlines()]
+    assert "1 TextLine(s) without an id got one" in out.err
+    assert [r["input"] for r in got] == [f"{bare}#{i}" for i in ("l0", "#2", "line_2", "empty")]
+    ns = {"p": PAGE_NS["2019"]}
+    lines = ET.parse(tmp_path / "out2" / "page.xml").getroot().findall(".//p:TextLine", ns)
+    # "line_2" is taken (by the third line): the second gets the next unused one
+    assert [ln.get("id") for ln in lines] == ["l0", "line_2_", "line_2", "empty"]
+    texts = [(ln.find("p:TextEquiv/p:Unicode", ns).text or "") for ln in lines]
+    assert texts == [want["l0"], want["l1"], want["l2"], want["empty"]]
+    assert all(w.get("id", "").startswith(lines[1].get("id") + "_w")
+               for w in lines[1].findall("p:Word", ns))
+
+
 def test_page_out_refuses_before_any_work(tmp_path, capsys):
     from rnntrain.cli import main
     from tests.test_ocr_data import rotated_page

@@ -158,7 +158,7 @@ def _line_text(line) -> str | None:
     return (u.text or "") if u is not None else None
 
 
-def _text_lines(path: Path, root, id_attr: str):
+def text_lines(path: Path, root, id_attr: str):
     """→ (id, where, element) of every TextLine under ``root`` in document order (PAGE's
     ``id``, ALTO's ``ID``; ``#n`` for a line without one); an id used twice is an error."""
     seen = set()
@@ -180,7 +180,7 @@ def _parse_page_xml(path: Path, root, with_empty: bool = False) -> Page:
         page.size = (int(page_el.get("imageWidth")), int(page_el.get("imageHeight")))
     except (TypeError, ValueError):
         page.size = None
-    for lid, where, line in _text_lines(path, page_el, "id"):
+    for lid, where, line in text_lines(path, page_el, "id"):
         text = _line_text(line)
         if not text or not text.strip():
             page.empty += 1
@@ -225,7 +225,7 @@ def _parse_alto(path: Path, root) -> Page:
             page.size = (int(float(pg.get("WIDTH"))), int(float(pg.get("HEIGHT"))))
         except (TypeError, ValueError):
             page.size = None
-    for lid, where, line in _text_lines(path, root, "ID"):
+    for lid, where, line in text_lines(path, root, "ID"):
         text = _alto_text(line, where)
         if not text.strip():
             page.empty += 1

@@ -21,7 +21,7 @@ from typing import Iterator
 
 from rnntrain.errors import UserError
 from rnntrain.frontend.pagexml import (PageCache, crop_line, kid, kids, local, page_image,
-                                       page_points, parse_page, read_xml)
+                                       page_points, parse_page, read_xml, text_lines)
 
 PADDING = 0            # pixels around each line's polygon (rnntrain-data pagexml's default)
 
@@ -62,17 +62,29 @@ def check_writable(xml: Path):
 
 def write_page(xml: Path, results: dict, out: Path):
     """The PAGE file ``xml`` with the Transcripts ``results`` ({line id: Transcript}) as
-    its lines' TextEquivs, written atomically to ``out``."""
+    its lines' TextEquivs, written atomically to ``out`` → how many TextLines had no
+    ``id``. Lines are matched as ``page_items`` named them (frontend.pagexml.text_lines:
+    document order, ``#n`` for a line without an id); such a line gets an id (``line_n``,
+    one the page does not use yet: the schema requires it, and its Words' ids build on it)."""
     from rnntrain.fsutil import atomic_write
     root = read_xml(xml)
     ns = root.tag[1:].split("}", 1)[0] if root.tag.startswith("{") else ""
     if ns:
         ET.register_namespace("", ns)
     q = (lambda name: f"{{{ns}}}{name}") if ns else (lambda name: name)
-    for line in root.iter(q("TextLine")):
-        t = results.get(line.get("id"))
+    used = {e.get("id") for e in root.iter() if e.get("id")}
+    added = 0
+    for lid, _, line in text_lines(xml, kid(root, "Page"), "id"):
+        t = results.get(lid)
         if t is None:
             continue
+        if not line.get("id"):
+            n, added = int(lid[1:]), added + 1
+            new = f"line_{n}"
+            while new in used:
+                new += "_"
+            line.set("id", new)
+            used.add(new)
         for old in kids(line, "TextEquiv") + kids(line, "Word"):
             line.remove(old)
         # Words, then TextEquiv, follow Coords and Baseline in the schema's sequence
@@ -87,6 +99,7 @@ def write_page(xml: Path, results: dict, out: Path):
             at += 1
         line.insert(at, text_equiv(t.text, t.confidences, q))
     atomic_write(out, ET.tostring(root, encoding="utf-8", xml_declaration=True))
+    return added
 
 
 def text_equiv(text: str, confs: list[float], q) -> ET.Element:

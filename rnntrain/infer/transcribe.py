@@ -229,7 +229,10 @@ def transcribe(model: Model, inputs: list[str], beam=0, threads: int = 0,
         torch.set_num_threads(saved)
     if page_out is not None:
         for p in pages:
-            pagexml.write_page(p, results[p], Path(page_out) / p.name)
+            added = pagexml.write_page(p, results[p], Path(page_out) / p.name)
+            if added:  # PAGE requires the id; the page written back carries one
+                print(f"{Path(page_out) / p.name}: {added} TextLine(s) without an id got "
+                      "one (line_N, N its place on the page)", file=sys.stderr)
     return count
 
 
