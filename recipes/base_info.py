@@ -1,10 +1,11 @@
 """The model card's record of a base model's training (recipes/base_models.sh):
 
-    python recipes/base_info.py NAME DATA RUN EPOCHS > DATA/info.json
+    python recipes/base_info.py NAME DATA RUN EPOCHS [OVERRIDE ...] > DATA/info-NAME.json
 
 Title, summary, data and licenses (from DATA/sources.json, written by base_data.py), and
 the training: the command, the date it finished, the CPU (lscpu), the CPU seconds of
-every invocation (DATA/cpu_seconds.log) and the commit; $NOTE, if set, as its note.
+every invocation (DATA/cpu_seconds-NAME.log) and the commit; OVERRIDE: the network's
+settings the recipe adds to configs/printed_lines.toml; $NOTE, if set, as its note.
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def cpu() -> str:
             f"{get('CPU(s)')} cores; {isa or 'no AVX-512'})")
 
 
-def main(name: str, data: Path, run: Path, epochs: int) -> None:
+def main(name: str, data: Path, run: Path, epochs: int, net: list[str]) -> None:
     src = json.loads((data / "sources.json").read_text(encoding="utf-8"))
     kind = src["model"]
     title, summary = TITLES[kind]
@@ -66,8 +67,8 @@ def main(name: str, data: Path, run: Path, epochs: int) -> None:
         lines.append({"corpus": "rendered (held out)", "lines": len(range(0, rendered + 1, 20)),
                       "split": "val", "license": "generated", "source": "every 20th rendered line"})
     licenses = sorted({d["license"] for d in src["real"]} | {"SIL OFL 1.1 (fonts)"})
-    cpu_s = sum(float(x) for x in (data / "cpu_seconds.log").read_text().split()) \
-        if (data / "cpu_seconds.log").is_file() else 0.0
+    log = data / f"cpu_seconds-{name}.log"
+    cpu_s = sum(float(x) for x in log.read_text().split()) if log.is_file() else 0.0
     status = json.loads((run / "status.json").read_text())
     import datetime
     date = datetime.datetime.fromtimestamp(status["updated"], datetime.timezone.utc)
@@ -82,10 +83,12 @@ def main(name: str, data: Path, run: Path, epochs: int) -> None:
         "score_data": {
             "validation": ("archiscribe val: 64 lines of its 14 training works"
                            if kind == "de19" else "every 20th rendered line, held out"),
-            "archiscribe-unseen-books": "archiscribe test: 145 lines of 4 works in no set"},
+            "archiscribe-unseen-books": "archiscribe test: 145 lines of 4 works in no set",
+            "ocrd-kant-page": "OCR-D's Kant page (1784): its 24 lines, a work in no set"},
         "training": {
             "command": f"recipes/base_models.sh {name}  (rnntrain train "
-                       f"configs/printed_lines.toml data.train={data}/train.nc "
+                       f"configs/printed_lines.toml {''.join(o + ' ' for o in net)}"
+                       f"data.train={data}/train.nc "
                        f"data.val={data}/val.nc train.epochs={epochs} "
                        "optim.warmup_steps=100 augment.preset=lines-light compute.threads=2 "
                        "compute.intra_threads=1)",
@@ -101,4 +104,4 @@ def main(name: str, data: Path, run: Path, epochs: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]))
+    main(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]), sys.argv[5:])

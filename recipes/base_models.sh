@@ -2,13 +2,17 @@
 # Base models for OCR, trained on public ground truth and lines rendered here, packed into
 # the model zoo (rnntrain models): docs/ocr.md, "Base models".
 #
-#   recipes/base_models.sh [MODEL ...]        MODEL: de19-small (default), latin15-small, all
+#   recipes/base_models.sh [MODEL ...]   MODEL: de19-small (default), de19-large,
+#                                        latin15-small, all
 #
 # de19-small: 19th-century German print (Fraktur and Antiqua, binarised and grayscale):
 #   fraktur19 (2,205 real lines, 45 works, MIT), archiscribe's training lines (503 real
 #   lines, 14 works, CC BY 4.0; its 64 validation lines validate; its 4 test works are in
 #   no set), and each training transcript rendered once more in a blackletter and four
 #   Antiqua faces from Debian's font packages (OFL/GPL-with-font-exception).
+# de19-large: the same data, a wider and deeper network (kraken's default shape: conv
+#   32-48-64-96, 3 x BLSTM-200; 2.5 M parameters against 1.0 M) for half the epochs: about
+#   the same CPU time as de19-small's 12 (docs/accuracy.md, "Base models", compares them).
 # latin15-small: early-modern Latin print (15th-16th century types): rendered lines only
 #   (no real ground truth of such prints is at hand here; its card says so), in the
 #   gotico-antiqua faces and four Renaissance Antiqua faces.
@@ -33,12 +37,14 @@ THREADS=${THREADS:-2}
 RUNS=${RUNS:-runs/base}
 models=("$@")
 [ ${#models[@]} -gt 0 ] || models=(de19-small)
-[ "${models[0]}" != all ] || models=(de19-small latin15-small)
+[ "${models[0]}" != all ] || models=(de19-small de19-large latin15-small)
 
 finished() { grep -q '"finished"' "$1/status.json" 2>/dev/null; }
 
-build() {   # NAME KIND EPOCHS RENDER_COUNT SIZES
+build() {   # NAME KIND EPOCHS RENDER_COUNT SIZES [OVERRIDE ...]: the network's, if any
     local name=$1 kind=$2 epochs=$3 count=$4 sizes=$5
+    shift 5
+    local net=("$@")
     local D=data/base/$kind RUN=$RUNS/$name
     local fonts
     "$PY" recipes/base_data.py "$kind" "$SHARED" "$D"
@@ -72,18 +78,18 @@ PYEOF
     fi
     # the printed-lines network (configs/printed_lines.toml) with light augmentation
     local start=$SECONDS
-    # (the CPU seconds of each invocation are added to $D/cpu_seconds.log for the card)
+    # (the CPU seconds of each invocation are added to $D/cpu_seconds-$name.log for the card)
     finished "$RUN" || "$PY" -c 'import resource, subprocess, sys
 rc = subprocess.run(sys.argv[2:]).returncode
 u = resource.getrusage(resource.RUSAGE_CHILDREN)
 open(sys.argv[1], "a").write(f"{u.ru_utime + u.ru_stime:.1f}\n")
-sys.exit(rc)' "$D/cpu_seconds.log" \
-        "$PY" -m rnntrain train configs/printed_lines.toml data.train="$D/train.nc" \
+sys.exit(rc)' "$D/cpu_seconds-$name.log" \
+        "$PY" -m rnntrain train configs/printed_lines.toml ${net[@]+"${net[@]}"} data.train="$D/train.nc" \
         data.val="$D/val.nc" data.test= train.epochs="$epochs" optim.warmup_steps=100 \
         augment.preset=lines-light compute.threads="$THREADS" compute.intra_threads=1 \
         log.progress=lines log.every_steps=100 run.dir="$RUN" --resume if-any
     echo "$name: trained ($(( SECONDS - start )) s this time)"
-    "$PY" recipes/base_info.py "$name" "$D" "$RUN" "$epochs" > "$D/info.json"
+    "$PY" recipes/base_info.py "$name" "$D" "$RUN" "$epochs" ${net[@]+"${net[@]}"} > "$D/info-$name.json"
     local scores=(--score "validation=$D/val.nc")
     if [ "$kind" = de19 ]; then   # the unseen-book test: archiscribe's 4 test works
         [ -f "$D/unseen.nc" ] || "$PY" -m rnntrain_data images --list "$D/unseen.tsv" \
@@ -95,14 +101,17 @@ sys.exit(rc)' "$D/cpu_seconds.log" \
             --height 48 --trim none --labels-from "$D/train.nc"
         scores+=(--score "ocrd-kant-page=$D/kant.nc")
     fi
-    "$PY" -m rnntrain models "$name" --pack "$RUN" --info "$D/info.json" --out "$ZOO" "${scores[@]}"
+    "$PY" -m rnntrain models "$name" --pack "$RUN" --info "$D/info-$name.json" --out "$ZOO" "${scores[@]}"
 }
 
 for m in "${models[@]}"; do
     case "$m" in
         de19-small) build de19-small de19 12 2707 30-44 ;;
+        de19-large) build de19-large de19 6 2707 30-44 "model.conv_channels=[32,48,64,96]" \
+                        model.layers=3 model.hidden=200 ;;
         latin15-small) build latin15-small latin15 16 6000 30-44 ;;
-        *) echo "$(basename "$0"): $m: give de19-small, latin15-small or all" >&2; exit 2 ;;
+        *) echo "$(basename "$0"): $m: give de19-small, de19-large, latin15-small or all" >&2
+           exit 2 ;;
     esac
 done
 "$PY" -m rnntrain models
