@@ -39,7 +39,8 @@ MIN_VAL = 4            # held-out lines drawn from INPUT at least
 # the fine-tuning schedule's settings (docs/ocr.md, "Fine-tuning a base model": measured)
 SCHEDULE = {"optim.lr": 0.0005, "optim.schedule": "cosine", "optim.warmup_steps": 20,
             "optim.min_lr": 0.00001, "augment.preset": "lines-light",
-            "train.init_alphabet": "merge", "train.val_every_epochs": 1}
+            "train.init_alphabet": "merge", "train.val_every_epochs": 1,
+            "train.val_at_start": True}
 STEPS = 1500           # default budget in optimizer steps
 MAX_EPOCHS = 200
 

@@ -193,6 +193,10 @@ class TrainConfig(Section):
     """stop after N validations without improvement (RNNLIB's maxTestsNoBest); 0 = never"""
     val_every_epochs: int = positive(1, most=MANY)
     """epochs between validations"""
+    val_at_start: bool = False
+    """also validate the starting weights, before the first step, as a candidate for
+    best.pt: a fine-tuning (init_from) then never ends worse on the held-out lines than the
+    model it started from (rnntrain finetune sets it); needs data.val"""
     init_from: str = ""
     """fine-tuning (rnntrain.run.finetune): a new run (its own optimizer, schedule and
     epochs) from the weights of this checkpoint or run folder; "" = random initial weights"""

@@ -96,6 +96,33 @@ def test_fine_tuning_trains_and_its_model_reads_the_data(tmp_path, data, mode):
     assert p.returncode == 0, p.stderr[-2000:]
 
 
+@pytest.mark.parametrize("lr, start_is_best", [(5.0, True), (0.05, None)])
+def test_val_at_start_lets_the_starting_weights_compete_for_best(tmp_path, data, lr,
+                                                                  start_is_best):
+    """train.val_at_start (rnntrain finetune sets it): the starting weights are scored
+    before step 1, as "epoch 0", with the LER `rnntrain eval` gives the source model on
+    the same file (a real subprocess); a fine-tuning that only gets worse (Adam at lr 5
+    throws the weights about) ends with best.pt = the starting weights, exactly."""
+    import json
+    run = RunFolder(train_here(None, *overrides(data[0], tmp_path / "r", f"train.init_from={OLD}",
+                                                f"data.val={data[0]}", "train.epochs=2",
+                                                "train.val_at_start=true", f"optim.lr={lr}")))
+    recs = [json.loads(ln) for ln in run.metrics.read_text().splitlines()]
+    val = [r for r in recs if r.get("split") == "val"]
+    assert [r["epoch"] for r in val] == [-1, 0, 1] and val[0]["step"] == 0
+    p = run_cli("rnntrain", "eval", OLD, data[0], "--json")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert val[0]["ler"] == pytest.approx(json.loads(p.stdout)["ler"], abs=1e-12)
+    best = ckpt.read(run.best, training=True)
+    start, _ = initialised(data[0], "keep")
+    same = all(torch.equal(v, best.parts["model"][k]) for k, v in start.state_dict().items())
+    worse = all((r["ler"], r["loss"]) >= (val[0]["ler"], val[0]["loss"]) for r in val[1:])
+    assert same == worse   # best.pt is the start exactly when no epoch beat it
+    if start_is_best:
+        assert same and best.state().step == 0
+        assert "(the starting weights)" in run.log.read_text().splitlines()[-1]
+
+
 def test_keep_refuses_another_alphabet_naming_the_difference(tmp_path, data):
     p = run_cli("rnntrain", "train", *overrides(data[1], tmp_path / "r",
                                                 f"train.init_from={OLD}"))

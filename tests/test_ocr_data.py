@@ -511,6 +511,7 @@ def test_eval_scores_out_of_alphabet_lines_against_their_full_text(tmp_path):
     assert ev["out_of_alphabet"] == {"lines": 2, "labels": 3}
     hyps = [ln.split("\t")[1].split() if "\t" in ln else [] for ln in r[1].stdout.splitlines()]
     refs = [(row.split("\t")[1] + extra.get(i, "")).split() for i, row in enumerate(rows)]
+    refs_all = refs
     assert len(hyps) == len(refs)
     # the sequences eval scores: those long enough for their (in-alphabet) target
     from rnntrain.compute.model import total_subsample
@@ -523,6 +524,17 @@ def test_eval_scores_out_of_alphabet_lines_against_their_full_text(tmp_path):
     want = sum(edit_distance(h, t) for h, t in zip(hyps, refs)) / sum(map(len, refs))
     assert ev["ref_labels"] == sum(map(len, refs)) and ev["ler"] == pytest.approx(want)
     clean_error(r[2], "val.nc", "2 line(s) hold characters outside its alphabet")
+    # a model that knows Q (a fine-tuned model's merged alphabet): line 1's stored target
+    # lacks its Q, so it is scored against its whole text too, Q as the model's own label
+    from rnntrain.data.ncdata import full_targets
+    labels = Dataset.open(str(d / "val.nc")).labels
+    merged = labels + ["Q"]
+    full, lines, count = full_targets(d / "val.nc", merged)
+    index = {lb: k for k, lb in enumerate(merged)}
+    assert sorted(full) == [1, 3] and (lines, count) == (1, 1)   # R alone is unknown
+    assert full[1].tolist() == [index[n] for n in refs_all[1]]
+    assert full[3].tolist()[:-1] == [index[n] for n in refs_all[3][:-1]]
+    assert full[3][-1] == len(merged) + 1                        # R: never a model output
 
 
 def test_transcribe_prepares_any_image_as_the_converter_did(tmp_path):

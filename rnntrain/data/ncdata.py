@@ -620,11 +620,13 @@ FULL_TARGETS = "fullTargetStrings"   # converters: each line's whole transcript 
 
 def full_targets(path, labels: Sequence[str]) -> tuple[dict[int, np.ndarray], int, int] | None:
     """The ``fullTargetStrings`` of a validation/test file converted with a training set's
-    alphabet (``rnntrain-data images --labels-from``): {sequence: label indices} for the
-    lines holding labels the alphabet lacks, each unknown name given its own index from
+    alphabet (``rnntrain-data images --labels-from``): {sequence: label indices in
+    ``labels``, the model's alphabet} for the lines whose stored targets lack some of their
+    text (a label the FILE's alphabet lacks: the model may know it, a fine-tuned model's
+    merged alphabet often does), each name the model lacks too given its own index from
     ``len(labels) + 1`` on (never a model output: the blank is ``len(labels)``), plus the
-    counts (lines, labels) outside the alphabet; None when the file has no such variable
-    (or is not a single NetCDF file)."""
+    counts (lines, labels) outside the model's alphabet; None when the file has no such
+    variable (or is not a single NetCDF file)."""
     p = str(path)
     if not p.endswith(".nc") or file_problem(p, "data file"):
         return None
@@ -634,12 +636,13 @@ def full_targets(path, labels: Sequence[str]) -> tuple[dict[int, np.ndarray], in
         rows = ds[FULL_TARGETS][:]
         full = [b"".join(r.compressed() if hasattr(r, "compressed") else r).decode("utf-8")
                 for r in np.ma.getdata(rows)]
+        own = set(_strings(ds, "labels", p, required=False) or ())
     index = {name: i for i, name in enumerate(labels)}
     unknown: dict[str, int] = {}
     out, lines, count = {}, 0, 0
     for s, text in enumerate(full):
         names = text.split()
-        if all(n in index for n in names):
+        if all(n in own for n in names):   # the stored target is the whole text
             continue
         ids = []
         for n in names:
@@ -649,7 +652,7 @@ def full_targets(path, labels: Sequence[str]) -> tuple[dict[int, np.ndarray], in
             else:
                 ids.append(index[n])
         out[s] = np.asarray(ids, np.int64)
-        lines += 1
+        lines += any(n not in index for n in names)
     return out, lines, count
 
 

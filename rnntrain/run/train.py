@@ -31,6 +31,7 @@ from rnntrain.config import Config, to_dict, to_toml
 from rnntrain.data.dataset import Dataset, check_compatible
 from rnntrain.data.folds import fold_masks
 from rnntrain.data.plan import BatchPlanner, PlanSettings, chunk_order, padding_ratio
+from rnntrain.data.ncdata import full_targets
 from rnntrain.errors import SharedError, UserError
 from rnntrain.parallel import collectives
 from rnntrain.parallel import launch as dist
@@ -223,6 +224,19 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
                                        comm.size)) if val_ds is not None else []
         ahead = None  # the chunk order of the epoch already queued, with its number
         loads_logged = 0.0
+        # lines whose stored targets lack characters the data's alphabet lacks are scored
+        # against their whole text, as `rnntrain eval` scores them (ncdata.full_targets)
+        val_full = full_targets(cfg.data.val, card.labels) if val_ds is not None else None
+        val_full = val_full[0] if val_full else None
+        if tc.val_at_start and val_ds is not None and state.step == 0 \
+                and state.best_ler == math.inf:  # (a resume past this point has a score)
+            # the starting weights compete for best.pt: "epoch 0" in the log and metrics
+            reader.queue("val", val_chunks)
+            summ = validate(log, model, val_ds, val_keep, cfg, device, comm, workers, -1, 0,
+                            reader.stream("val"), val_full)
+            state.record_validation(summ["ler"], summ["loss"])
+            save(state, "best.pt")
+            save(state, "last.pt")
         for epoch in range(state.epoch, tc.epochs):
             # an epoch interrupted on another rank count goes on over the sequences left
             planner.set_epoch(epoch, state.parts)
@@ -286,7 +300,7 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
             if validating:
                 own = averager.swap_in() if averager is not None else None  # score the average
                 summ = validate(log, model, val_ds, val_keep, cfg, device, comm, workers, epoch,
-                                state.step, reader.stream("val"))
+                                state.step, reader.stream("val"), val_full)
                 if own is not None:
                     averager.swap_out(own)
                 improved = state.record_validation(summ["ler"], summ["loss"])
@@ -304,7 +318,7 @@ def _train(cfg: Config, config_path, overrides, resume, locks: list):
         test = None
         if cfg.data.test:  # the held-out score of the best checkpoint, once, at the end
             test = test_best(log, run if writer else None, model, train_ds, cfg, device,
-                             comm, workers, state)
+                             comm, workers, state, card.labels)
         if val_ds is not None:  # the confidences' temperature, on the validation set
             calibrate_best(log, run if writer else None, model, val_ds, val_keep, cfg,
                            device, comm, workers)
@@ -386,13 +400,14 @@ def checkpoint_due(cfg: Config, step: int, last_time: float) -> bool:
 
 
 def validate(log: RunLog, model, val_ds, val_keep, cfg: Config, device, comm: Comm, workers: int,
-             epoch: int, step: int, reader=None) -> dict:
+             epoch: int, step: int, reader=None, full=None) -> dict:
     """Score the validation set (every rank; counts summed over ranks), log it, → summary.
-    ``reader``: the run's reader stream with the set's chunks queued (``RunReader``)."""
+    ``reader``: the run's reader stream with the set's chunks queued (``RunReader``);
+    ``full``: ``evaluate``'s ``full_targets``."""
     t0 = time.perf_counter()
     # the training workers sleep meanwhile: evaluation's own workers take the same cores
     c = evaluate(model, val_ds, val_keep, cfg.batch.batch_frames, device, comm, workers=workers,
-                 intra=cfg.compute.intra_threads, reader=reader)["best"]
+                 intra=cfg.compute.intra_threads, reader=reader, full_targets=full)["best"]
     seconds = time.perf_counter() - t0
     summ = c.summary()
     log.metrics(split="val", epoch=epoch, step=step, **summ, seconds=round(seconds, 3),
@@ -404,14 +419,18 @@ def validate(log: RunLog, model, val_ds, val_keep, cfg: Config, device, comm: Co
 
 
 def test_best(log: RunLog, run: RunFolder | None, model, train_ds, cfg: Config, device, comm: Comm,
-              workers: int, state: TrainState):
-    """Score data.test with the best checkpoint's weights (every rank), and log it."""
+              workers: int, state: TrainState, labels):
+    """Score data.test with the best checkpoint's weights (every rank), and log it;
+    ``labels``: the model's alphabet (lines holding characters the test file's lacks are
+    scored against their whole text)."""
     test_ds = Dataset.open(cfg.data.test, cfg.data.chunk_frames)
     check_compatible(train_ds, test_ds, "training data")
     load_best(run, model, comm)
+    full = full_targets(cfg.data.test, labels)
     summ = evaluate(model, test_ds, test_ds.feasible(total_subsample(cfg.model)),
                     cfg.batch.batch_frames, device, comm, workers=workers,
-                    intra=cfg.compute.intra_threads)["best"].summary()
+                    intra=cfg.compute.intra_threads,
+                    full_targets=full[0] if full else None)["best"].summary()
     log.metrics(split="test", epoch=state.epoch - 1, step=state.step, **summ)
     log.info(f"test ({cfg.data.test}, best checkpoint): LER {summ['ler']:.4f} (sub "
              f"{summ['sub']:.4f} del {summ['del']:.4f} ins {summ['ins']:.4f}), seq "
@@ -466,7 +485,8 @@ def final_summary(run: RunFolder, state: TrainState, test: dict | None,
     m, s = divmod(int(round(seconds)), 60)
     wall = f"{m} min {s} s" if m else f"{s} s"
     best = best_validation(run.metrics)
-    head = (f"best validation LER {best[0]:.4f} at epoch {best[1]}" if best else
+    head = (f"best validation LER {best[0]:.4f} at epoch {best[1]}"
+            + (" (the starting weights)" if best[1] == 0 else "") if best else
             "no validation set (best.pt is the last epoch's)")
     tail = f", test LER {test['ler']:.4f}" if test else ""
     return (f"finished {state.epoch} epoch(s), {state.step} steps: {head}{tail}; model "
