@@ -194,6 +194,23 @@ def test_a_temperature_fitted_on_one_half_lowers_ece_on_the_other():
                                align(lp, hyp, blank, cal.temperature).confidences, rtol=1e-5)
 
 
+def test_a_set_without_a_wrong_label_keeps_temperature_one():
+    """Every emitted label correct (the 4 held-out lines of a fine-tuning): no temperature
+    is fitted (the NLL would fall toward the range's end, T = 0.05), T stays 1, the
+    figures are those at T = 1."""
+    rng = np.random.default_rng(1)
+    blank, good = 5, LabelSamples()
+    for lp, ref in _overconfident_set(rng, 200):
+        hyp = best_path(lp, len(lp), blank)
+        if hyp == list(ref):
+            good.add(lp, hyp, ref, blank)
+    arrays = good.arrays()
+    assert len(arrays[3]) > 20 and arrays[3].all()
+    cal = fit_temperature(good)
+    assert cal.temperature == 1.0 and cal.accuracy == 1.0
+    assert cal.ece_after == cal.ece_before == ece(good.confidences(1.0, arrays), arrays[3])
+
+
 def test_ece_by_hand():
     conf = np.array([0.95, 0.95, 0.55, 0.45, 0.05])
     correct = np.array([1, 0, 1, 1, 0], bool)

@@ -125,6 +125,14 @@ def fit_temperature(samples: LabelSamples, data: str = "",
     correct = arrays[3]
     if not len(correct):  # no label was emitted: nothing to fit
         return Calibration(1.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0, data, decoder)
+    if correct.all() or not correct.any():
+        # every label right (a few held-out lines of a fine-tuning) or every one wrong: the
+        # NLL falls toward the range's end (T = 0.05 made every confidence 1.0), which says
+        # nothing of the model; T = 1 keeps its own posteriors
+        c = samples.confidences(1.0, arrays)
+        e, n = ece(c, correct), nll(c, correct)
+        return Calibration(1.0, e, e, n, n, int(len(correct)), float(correct.mean()), data,
+                           decoder)
 
     def loss(log_t: float) -> float:
         return nll(samples.confidences(float(np.exp(log_t)), arrays), correct)
